@@ -1,0 +1,99 @@
+"""The extension point for speech-to-text model families.
+
+An adapter turns a request (task, language or none, timestamps, previous text) into the
+engine's DecodeParams, and the engine's token ids back into language, text and segments.
+The serving layer never branches on the model; it asks the adapter. Capabilities are class
+attributes so a reader sees what a model can do without running it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from asr_service.engine.params import DecodeParams
+
+
+class UnsupportedLanguageError(ValueError):
+    def __init__(self, language: str, supported: tuple[str, ...]):
+        self.language = language
+        self.supported = supported
+        super().__init__(
+            f"Unsupported language {language!r}. Supported ISO-639-1 codes: {', '.join(supported)}"
+        )
+
+
+@dataclass(frozen=True)
+class SpeechToTextConfig:
+    sample_rate: int = 16000
+    max_clip_seconds: float = 30.0
+    chunking: bool = True
+    # Languages written without spaces between words: chunk texts join with "".
+    no_space_languages: frozenset[str] = frozenset()
+
+
+@dataclass
+class ParsedSegment:
+    """A piece of text with times relative to the start of its audio window (None: no timestamps)."""
+
+    start: float | None
+    end: float | None
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ParsedOutput:
+    language: str | None
+    text: str | None
+    segments: list[ParsedSegment] = field(default_factory=list)
+    # Where the output came apart: None when it parsed.
+    failure: str | None = None
+
+
+class TranscriptionAdapter(ABC):
+    supported_languages: tuple[str, ...] = ()
+    supported_tasks: tuple[str, ...] = ("transcribe",)
+    supports_language_detection: bool = False
+    supports_timestamps: bool = False
+    config: SpeechToTextConfig = SpeechToTextConfig()
+
+    def validate_language(self, language: str | None) -> str | None:
+        """Normalise an ISO-639-1 code; None stays None (detect). Raises UnsupportedLanguageError."""
+        if language is None or language == "":
+            return None
+        code = language.strip().lower()
+        if code not in self.supported_languages:
+            raise UnsupportedLanguageError(language, self.supported_languages)
+        return code
+
+    @abstractmethod
+    def build_prompt(self, language: str, task: str = "transcribe", timestamps: bool = False,
+                     previous_text: str | None = None) -> DecodeParams:
+        """DecodeParams for a known language: the prompt carries it, nothing is detected."""
+
+    def build_fused_autodetect_params(self, task: str = "transcribe", timestamps: bool = False,
+                                      candidate_languages: tuple[str, ...] | None = None,
+                                      previous_text: str | None = None) -> DecodeParams:
+        """DecodeParams whose one decode emits the language, the task, the mode and the text."""
+        raise NotImplementedError(f"{type(self).__name__} cannot detect the language")
+
+    @abstractmethod
+    def parse_fused_output(self, token_ids: list[int]) -> tuple[str | None, str | None]:
+        """(language, text) from a fused decode, or (None, None) when the prefix is not there."""
+
+    @abstractmethod
+    def parse_output(self, token_ids: list[int], params: DecodeParams) -> ParsedOutput:
+        """Language, text and segments from the generated ids of a decode built by this adapter."""
+
+    @abstractmethod
+    def strip_special_tokens(self, text: str) -> str:
+        """Remove the model's own special tokens from text, and nothing else."""
+
+    def language_probabilities(self, probe_probs: dict[int, float],
+                               candidate_languages: tuple[str, ...] | None = None) -> dict[str, float]:
+        """Softmax over the allowed language tokens, from the engine's probe at the first step."""
+        return {}
+
+    def joiner(self, language: str | None) -> str:
+        return "" if language in self.config.no_space_languages else " "

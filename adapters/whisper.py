@@ -1,0 +1,165 @@
+"""WhisperAdapter: prompts, token-strict grammars and fail-strict parsing for Whisper."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from asr_service.engine.params import DecodeParams
+
+from .base import ParsedOutput, ParsedSegment, SpeechToTextConfig, TranscriptionAdapter
+from .whisper_grammar import GrammarKey, WhisperGrammars
+from .whisper_tokenizer import WhisperTokenizer
+
+log = logging.getLogger(__name__)
+
+# Scripts written without spaces between words: chunk texts join with "".
+NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "yue", "th", "lo", "my", "bo", "km"})
+_TIMESTAMP_TEXT = re.compile(r"<\|\d+\.\d\d\|>")
+
+
+class WhisperAdapter(TranscriptionAdapter):
+    supported_tasks = ("transcribe", "translate")
+    supports_language_detection = True
+    supports_timestamps = True
+
+    def __init__(self, tokenizer: WhisperTokenizer, suppress_ids: list[int] = (), n_text_ctx: int = 448):
+        self.tok = tokenizer
+        self.grammars = WhisperGrammars(tokenizer)
+        self.n_text_ctx = n_text_ctx
+        self.supported_languages = tuple(tokenizer.language_ids)
+        self.config = SpeechToTextConfig(no_space_languages=NO_SPACE_LANGUAGES & set(self.supported_languages))
+        # Non-speech symbols the model was trained to avoid; special ids are the grammar's job.
+        self._suppress = tuple(sorted(i for i in suppress_ids if 0 <= i < tokenizer.eot))
+        self._blank = tuple(tokenizer.encode(" ")) + (tokenizer.eot,)
+
+    @classmethod
+    def from_loaded(cls, loaded) -> "WhisperAdapter":
+        tok = WhisperTokenizer(loaded.tokenizer_file, loaded.dims.n_vocab)
+        return cls(tok, loaded.suppress_ids, loaded.dims.n_text_ctx)
+
+    # ---- prompts ----
+    def _context(self, previous_text: str | None) -> list[int]:
+        """``<|startofprev|>`` + previous text, truncated from the left to half the context."""
+        if not previous_text or not previous_text.strip():
+            return []
+        ids = self.tok.encode(" " + previous_text.strip())
+        return [self.tok.sot_prev] + ids[-(self.n_text_ctx // 2 - 1) :]
+
+    def _params(self, prompt: list[int], key: GrammarKey, probe_index: int, extra_prefix: int) -> DecodeParams:
+        tok = self.tok
+        start_after = {tok.transcribe, tok.translate} if key.timestamps else {tok.no_timestamps}
+        return DecodeParams(
+            prompt_ids=tuple(prompt),
+            eot_id=tok.eot,
+            grammar=self.grammars.get(key),
+            regex=self.grammars.regex(key),
+            text_start_after_ids=frozenset(start_after),
+            suppress_ids=self._suppress,
+            blank_ids=self._blank,
+            timestamp_begin=tok.timestamp_begin if key.timestamps else None,
+            probe_index=probe_index,
+            probe_ids=tuple(tok.language_ids.values()) + ((tok.no_speech,) if tok.no_speech is not None else ()),
+            max_new_tokens=min(self.n_text_ctx // 2 + extra_prefix, self.n_text_ctx - len(prompt)),
+        )
+
+    def _check_task(self, task: str) -> None:
+        if task not in self.supported_tasks:
+            raise ValueError(f"unsupported task {task!r}; supported: {', '.join(self.supported_tasks)}")
+
+    def build_prompt(self, language, task="transcribe", timestamps=False, previous_text=None) -> DecodeParams:
+        self._check_task(task)
+        code = self.validate_language(language)
+        if code is None:
+            raise ValueError("build_prompt needs a language; use build_fused_autodetect_params to detect it")
+        ctx = self._context(previous_text)
+        tok = self.tok
+        prompt = ctx + [tok.sot, tok.language_ids[code], tok.transcribe if task == "transcribe" else tok.translate]
+        if not timestamps:
+            prompt.append(tok.no_timestamps)
+        return self._params(prompt, self.grammars.key(task, timestamps, None), len(ctx), 0)
+
+    def build_fused_autodetect_params(self, task="transcribe", timestamps=False, candidate_languages=None,
+                                      previous_text=None) -> DecodeParams:
+        self._check_task(task)
+        candidates = tuple(self.validate_language(c) for c in candidate_languages) if candidate_languages else None
+        ctx = self._context(previous_text)
+        key = self.grammars.key(task, timestamps, candidates or self.supported_languages)
+        # The prefix <|lang|><|task|><|mode|> is generated: allow for it in the token budget.
+        return self._params(ctx + [self.tok.sot], key, len(ctx), 3)
+
+    # ---- parsing ----
+    def _prefix_in_prompt(self, params: DecodeParams) -> bool:
+        return params.prompt_ids[-1] != self.tok.sot
+
+    def parse_fused_output(self, token_ids: list[int]) -> tuple[str | None, str | None]:
+        out = self._parse_fused(token_ids)
+        return (out.language, out.text) if out.failure is None else (None, None)
+
+    def _parse_fused(self, token_ids: list[int]) -> ParsedOutput:
+        tok = self.tok
+        ids = list(token_ids)
+        if len(ids) < 3:
+            return self._failed(f"output ended after {len(ids)} tokens, before the <|lang|><|task|><|mode|> prefix")
+        language = tok.id_to_language.get(ids[0])
+        if language is None:
+            return self._failed(f"first token {ids[0]} ({tok.token_string(ids[0])!r}) is not a language token")
+        if ids[1] not in (tok.transcribe, tok.translate):
+            return self._failed(f"second token {tok.token_string(ids[1])!r} is not a task token")
+        if ids[2] == tok.no_timestamps:
+            body = ids[3:]
+        elif ids[2] >= tok.timestamp_begin:
+            body = ids[2:]
+        else:
+            return self._failed(f"third token {tok.token_string(ids[2])!r} is neither <|notimestamps|> nor a timestamp")
+        return self._parse_body(language, body)
+
+    @staticmethod
+    def _failed(why: str) -> ParsedOutput:
+        log.warning("fused prefix did not parse: %s", why)
+        return ParsedOutput(None, None, failure=why)
+
+    def parse_output(self, token_ids: list[int], params: DecodeParams) -> ParsedOutput:
+        if not self._prefix_in_prompt(params):
+            return self._parse_fused(token_ids)
+        language = next((self.tok.id_to_language[i] for i in params.prompt_ids if i in self.tok.id_to_language), None)
+        return self._parse_body(language, list(token_ids))
+
+    def _parse_body(self, language: str | None, body: list[int]) -> ParsedOutput:
+        tok = self.tok
+        if tok.eot in body:
+            body = body[: body.index(tok.eot)]
+        segments: list[ParsedSegment] = []
+        start: float | None = None
+        current: list[int] = []
+        for t in body:
+            if t >= tok.timestamp_begin:
+                time_s = tok.timestamp_seconds(t)
+                if start is None:
+                    start = time_s  # opening timestamp
+                else:
+                    if current:
+                        segments.append(ParsedSegment(start, time_s, tok.decode(current), current))
+                    start, current = None, []
+            else:
+                current.append(t)
+        if current:
+            # Text with no closing timestamp (or no timestamps at all): end unknown here.
+            segments.append(ParsedSegment(start, None, tok.decode(current), current))
+        text = "".join(s.text for s in segments).strip()
+        return ParsedOutput(language, text, segments)
+
+    def strip_special_tokens(self, text: str) -> str:
+        """Remove Whisper's own tokens only; a spoken "<|foo|>" stays."""
+        for name in self.tok.special_token_strings:
+            text = text.replace(name, "")
+        return _TIMESTAMP_TEXT.sub("", text)
+
+    def language_probabilities(self, probe_probs, candidate_languages=None) -> dict[str, float]:
+        codes = candidate_languages or self.supported_languages
+        raw = {c: probe_probs.get(self.tok.language_ids[c], 0.0) for c in codes}
+        total = sum(raw.values())
+        return {c: p / total for c, p in raw.items()} if total > 0 else {}
+
+    def no_speech_probability(self, probe_probs: dict[int, float]) -> float | None:
+        return probe_probs.get(self.tok.no_speech) if self.tok.no_speech is not None else None

@@ -1,0 +1,302 @@
+"""The decode loop: many sequences, one model, one thread.
+
+Continuous batching on torch: new sequences are admitted between steps (their encoder
+passes batched together, their cross-attention K/V computed once into a slot), and every
+step advances all active sequences by one token. Self-attention KV caches live in
+preallocated per-slot tensors; active sequences always occupy slots 0..n-1 (a finished
+sequence's slot is filled by the last one), so each step works on plain views.
+
+Callers live on an asyncio loop; the model runs on a worker thread (torch releases the GIL
+inside kernels) and hands events back with ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+from .features import log_mel_spectrogram
+from .logit_rules import apply_text_rules
+from .model import Whisper
+from .params import DecodeParams, SequenceResult, StepEvent
+
+log = logging.getLogger(__name__)
+
+
+class SequenceStream:
+    """Async iterator of StepEvents for one sequence; ``result`` is complete when it ends."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.result = SequenceResult()
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Free the sequence's slot at the next step (safe from any thread)."""
+        self.cancelled.set()
+
+    # Called on the engine thread.
+    def _emit(self, item) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is gone: nobody is listening any more
+            self.cancelled.set()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> StepEvent:
+        item = await self._queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    async def collect(self) -> SequenceResult:
+        async for _ in self:
+            pass
+        return self.result
+
+
+@dataclass
+class _Sequence:
+    params: DecodeParams
+    audio: np.ndarray
+    stream: SequenceStream
+    tokens: list[int] = field(default_factory=list)  # prompt + generated
+    text_start: int | None = None
+    matcher: object = None
+    generator: torch.Generator | None = None
+
+    def __post_init__(self):
+        self.tokens = list(self.params.prompt_ids)
+        for i, t in enumerate(self.tokens):
+            if self.text_start is None and t in self.params.text_start_after_ids:
+                self.text_start = i + 1
+        if self.params.grammar is not None:
+            self.matcher = xgr.GrammarMatcher(self.params.grammar)
+        if self.params.temperature > 0:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(self.params.seed if self.params.seed is not None else int(time.time_ns()))
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - len(self.params.prompt_ids)
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+        if self.text_start is None and token in self.params.text_start_after_ids:
+            self.text_start = len(self.tokens)
+
+
+class BatchEngine:
+    def __init__(self, model: Whisper, max_batch_size: int = 16, max_encode_batch: int = 4, threads: int | None = None):
+        self.model = model
+        self.dims = model.dims
+        self.max_batch_size = max_batch_size
+        self.max_encode_batch = max_encode_batch
+        if threads:
+            torch.set_num_threads(threads)
+        self._pending: collections.deque[_Sequence] = collections.deque()
+        self._active: list[_Sequence] = []
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._caches_ready = False
+        self._bitmask = xgr.allocate_token_bitmask(max_batch_size, self.dims.n_vocab)
+        self.steps = 0  # decode steps run, for tests and metrics
+        self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
+        self._thread.start()
+
+    # ---- public API (any thread with an asyncio loop) ----
+    def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
+        if len(params.prompt_ids) >= self.dims.n_text_ctx:
+            raise ValueError(f"prompt of {len(params.prompt_ids)} tokens exceeds the {self.dims.n_text_ctx}-token context")
+        stream = SequenceStream(asyncio.get_running_loop())
+        with self._wake:
+            self._pending.append(_Sequence(params, audio, stream))
+            self._wake.notify()
+        return stream
+
+    @property
+    def active_count(self) -> int:
+        return len(self._active)
+
+    def shutdown(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    # ---- engine thread ----
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._pending and not self._active:
+                    self._wake.wait()
+                if self._stopping:
+                    break
+                admitted = []
+                while self._pending and len(self._active) + len(admitted) < self.max_batch_size and len(admitted) < self.max_encode_batch:
+                    seq = self._pending.popleft()
+                    if seq.stream.cancelled.is_set():
+                        self._finish_unslotted(seq, "cancelled")
+                    else:
+                        admitted.append(seq)
+            try:
+                with torch.inference_mode():
+                    if admitted:
+                        self._admit(admitted)
+                    self._drop_cancelled()
+                    if self._active:
+                        self._step()
+            except Exception as e:  # never leave a caller waiting on a dead loop
+                log.exception("engine step failed")
+                for seq in admitted + self._active:
+                    if not seq.stream.result.finish_reason:
+                        self._finish_unslotted(seq, "error", str(e))
+                self._active.clear()
+        for seq in list(self._pending) + self._active:
+            self._finish_unslotted(seq, "cancelled")
+
+    def _allocate_caches(self) -> None:
+        d, S = self.dims, self.max_batch_size
+        hd = d.n_text_state // d.n_text_head
+        shape_self = (S, d.n_text_head, d.n_text_ctx, hd)
+        shape_cross = (S, d.n_text_head, d.n_audio_ctx, hd)
+        self._self_kv = [(torch.zeros(shape_self), torch.zeros(shape_self)) for _ in range(d.n_text_layer)]
+        self._cross_kv = [(torch.zeros(shape_cross), torch.zeros(shape_cross)) for _ in range(d.n_text_layer)]
+        self._caches_ready = True
+
+    def _admit(self, seqs: list[_Sequence]) -> None:
+        if not self._caches_ready:
+            self._allocate_caches()
+        mel = torch.stack([log_mel_spectrogram(s.audio, self.dims.n_mels) for s in seqs])
+        audio_features = self.model.encoder(mel)
+        first = len(self._active)
+        for layer, (ck, cv) in zip(self.model.decoder.layers, self._cross_kv):
+            k, v = layer.cross_kv_for(audio_features)
+            ck[first : first + len(seqs)] = k
+            cv[first : first + len(seqs)] = v
+        for i, seq in enumerate(seqs):
+            self._active.append(seq)
+            self._prefill(first + i, seq)
+
+    def _prefill(self, slot: int, seq: _Sequence) -> None:
+        """Write the KV cache of all prompt tokens but the last (which the next step feeds)."""
+        n = len(seq.tokens) - 1
+        if n == 0:
+            return
+        tokens = torch.tensor([seq.tokens[:n]])
+        positions = torch.arange(n)[None]
+        caches = [(k[slot : slot + 1, :, :n], v[slot : slot + 1, :, :n]) for k, v in self._self_kv]
+        cross = [(k[slot : slot + 1], v[slot : slot + 1]) for k, v in self._cross_kv]
+        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        hidden = self.model.decoder(tokens, positions, caches, cross, causal)
+        p = seq.params
+        if p.probe_ids and p.probe_index < n:
+            probs = torch.softmax(self.model.decoder.logits(hidden[0, p.probe_index]), dim=-1)
+            seq.stream.result.probe_probs = {t: float(probs[t]) for t in p.probe_ids}
+
+    def _drop_cancelled(self) -> None:
+        for i in reversed(range(len(self._active))):
+            if self._active[i].stream.cancelled.is_set():
+                self._release(i, "cancelled")
+
+    def _step(self) -> None:
+        n = len(self._active)
+        seqs = self._active
+        positions = torch.tensor([[len(s.tokens) - 1] for s in seqs])
+        tokens = torch.tensor([[s.tokens[-1]] for s in seqs])
+        ctx = int(positions.max()) + 1
+        caches = [(k[:n, :, :ctx], v[:n, :, :ctx]) for k, v in self._self_kv]
+        cross = [(k[:n], v[:n]) for k, v in self._cross_kv]
+        mask = (torch.arange(ctx)[None, :] <= positions)[:, None, None, :]
+        hidden = self.model.decoder(tokens, positions, caches, cross, mask)
+        logits = self.model.decoder.logits(hidden[:, 0])
+        self.steps += 1
+
+        for i, s in enumerate(seqs):
+            p = s.params
+            if p.probe_ids and s.n_generated == 0 and p.probe_index == len(p.prompt_ids) - 1:
+                probs = torch.softmax(logits[i], dim=-1)
+                s.stream.result.probe_probs = {t: float(probs[t]) for t in p.probe_ids}
+        self._mask(seqs, logits)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = self._sample(seqs, logits)
+
+        finished: list[tuple[int, str]] = []
+        for i, s in enumerate(seqs):
+            token = chosen[i]
+            lp = float(logprobs[i, token])
+            if lp == float("-inf"):  # every token was masked: the constraint has no way on
+                finished.append((i, "grammar"))
+                continue
+            s.append(token)
+            s.stream.result.token_ids.append(token)
+            s.stream.result.logprobs.append(lp)
+            if s.matcher is not None and not s.matcher.accept_token(token):
+                finished.append((i, "grammar"))
+                continue
+            s.stream._emit(StepEvent(token, lp))
+            if token == s.params.eot_id:
+                finished.append((i, "stop"))
+            elif s.n_generated >= s.params.max_new_tokens or len(s.tokens) >= self.dims.n_text_ctx:
+                finished.append((i, "length"))
+        for i, reason in sorted(finished, reverse=True):
+            self._release(i, reason)
+
+    def _mask(self, seqs: list[_Sequence], logits: torch.Tensor) -> None:
+        n = len(seqs)
+        bitmask = self._bitmask[:n]
+        constrained = False
+        for i, s in enumerate(seqs):
+            if s.matcher is not None:
+                s.matcher.fill_next_token_bitmask(bitmask, i)
+                constrained = True
+            else:
+                bitmask[i] = -1
+        if constrained:
+            xgr.apply_token_bitmask_inplace(logits, bitmask)
+        for i, s in enumerate(seqs):
+            if s.text_start is not None:
+                apply_text_rules(logits[i], s.params, s.tokens[s.text_start :])
+
+    @staticmethod
+    def _sample(seqs: list[_Sequence], logits: torch.Tensor) -> list[int]:
+        chosen = logits.argmax(dim=-1).tolist()
+        for i, s in enumerate(seqs):
+            if s.generator is not None:
+                probs = torch.softmax(logits[i] / s.params.temperature, dim=-1)
+                chosen[i] = int(torch.multinomial(probs, 1, generator=s.generator))
+        return chosen
+
+    def _release(self, index: int, reason: str) -> None:
+        """Finish the sequence in ``index`` and move the last active sequence into its slot."""
+        seq = self._active[index]
+        last = len(self._active) - 1
+        if index != last:
+            moved = self._active[last]
+            length = len(moved.tokens)
+            for (k, v) in self._self_kv:
+                k[index, :, :length] = k[last, :, :length]
+                v[index, :, :length] = v[last, :, :length]
+            for (k, v) in self._cross_kv:
+                k[index] = k[last]
+                v[index] = v[last]
+            self._active[index] = moved
+        self._active.pop()
+        self._finish_unslotted(seq, reason)
+
+    @staticmethod
+    def _finish_unslotted(seq: _Sequence, reason: str, error: str | None = None) -> None:
+        seq.stream.result.finish_reason = reason
+        seq.stream.result.error = error
+        seq.stream._emit(None)

@@ -1,0 +1,164 @@
+"""Whisper as plain torch modules, shaped for a batched decode loop.
+
+Why not transformers' WhisperModel: the engine owns its KV caches (one slot per active
+sequence, cross-attention K/V computed once per chunk) and steps every sequence together;
+a small module set with explicit cache tensors keeps that loop short and fast (the
+gpt-fast idea). Weight names follow this file; loaders map CTranslate2 or HF names here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class WhisperDims:
+    n_mels: int
+    n_audio_ctx: int
+    n_audio_state: int
+    n_audio_head: int
+    n_audio_layer: int
+    n_vocab: int
+    n_text_ctx: int
+    n_text_state: int
+    n_text_head: int
+    n_text_layer: int
+
+
+class Mlp(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def _split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    b, t, d = x.shape
+    return x.view(b, t, n_head, d // n_head).transpose(1, 2)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    b, h, t, hd = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * hd)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.attn_ln = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)  # fused q,k,v (k has no bias in Whisper: kept at zero)
+        self.out = nn.Linear(d, d)
+        self.mlp_ln = nn.LayerNorm(d)
+        self.mlp = Mlp(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.attn_ln(x)).chunk(3, dim=-1)
+        h = self.n_head
+        a = F.scaled_dot_product_attention(_split_heads(q, h), _split_heads(k, h), _split_heads(v, h))
+        x = x + self.out(_merge_heads(a))
+        return x + self.mlp(self.mlp_ln(x))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, dims: WhisperDims):
+        super().__init__()
+        d = dims.n_audio_state
+        self.conv1 = nn.Conv1d(dims.n_mels, d, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
+        self.register_buffer("positions", torch.zeros(dims.n_audio_ctx, d))
+        self.layers = nn.ModuleList(EncoderLayer(d, dims.n_audio_head) for _ in range(dims.n_audio_layer))
+        self.ln_post = nn.LayerNorm(d)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        """mel [B, n_mels, 3000] -> audio features [B, 1500, d]."""
+        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        x = x + self.positions[: x.shape[1]]
+        for layer in self.layers:
+            x = layer(x)
+        return self.ln_post(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.self_ln = nn.LayerNorm(d)
+        self.self_qkv = nn.Linear(d, 3 * d)
+        self.self_out = nn.Linear(d, d)
+        self.cross_ln = nn.LayerNorm(d)
+        self.cross_q = nn.Linear(d, d)
+        self.cross_kv = nn.Linear(d, 2 * d)  # fused cross k,v (k without bias)
+        self.cross_out = nn.Linear(d, d)
+        self.mlp_ln = nn.LayerNorm(d)
+        self.mlp = Mlp(d)
+
+    def cross_kv_for(self, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.cross_kv(audio).chunk(2, dim=-1)
+        return _split_heads(k, self.n_head), _split_heads(v, self.n_head)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        self_k: torch.Tensor,
+        self_v: torch.Tensor,
+        cross_k: torch.Tensor,
+        cross_v: torch.Tensor,
+        write_index: torch.Tensor,
+        attn_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """One decoder layer over new tokens x [B, T, d].
+
+        self_k/self_v [B, H, T_ctx, hd] are cache views written in place at write_index
+        [B, T] (the positions of the new tokens); attn_mask [B, 1, T, T_ctx] says which cache
+        positions each new token may see.
+        """
+        h = self.n_head
+        q, k, v = self.self_qkv(self.self_ln(x)).chunk(3, dim=-1)
+        q, k, v = _split_heads(q, h), _split_heads(k, h), _split_heads(v, h)
+        idx = write_index[:, None, :, None].expand(-1, h, -1, k.shape[-1])
+        self_k.scatter_(2, idx, k)
+        self_v.scatter_(2, idx, v)
+        a = F.scaled_dot_product_attention(q, self_k, self_v, attn_mask=attn_mask)
+        x = x + self.self_out(_merge_heads(a))
+        q = _split_heads(self.cross_q(self.cross_ln(x)), h)
+        a = F.scaled_dot_product_attention(q, cross_k, cross_v)
+        x = x + self.cross_out(_merge_heads(a))
+        return x + self.mlp(self.mlp_ln(x))
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, dims: WhisperDims):
+        super().__init__()
+        d = dims.n_text_state
+        self.token_embedding = nn.Embedding(dims.n_vocab, d)
+        self.positions = nn.Parameter(torch.zeros(dims.n_text_ctx, d))
+        self.layers = nn.ModuleList(DecoderLayer(d, dims.n_text_head) for _ in range(dims.n_text_layer))
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, tokens, positions, caches, cross, attn_mask) -> torch.Tensor:
+        """tokens/positions [B, T] -> hidden states [B, T, d] (logits are taken by the caller,
+        only where needed: the vocabulary projection is the costliest matmul of a step)."""
+        x = self.token_embedding(tokens) + self.positions[positions]
+        for layer, (sk, sv), (ck, cv) in zip(self.layers, caches, cross):
+            x = layer(x, sk, sv, ck, cv, positions, attn_mask)
+        return self.ln(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.token_embedding.weight.T
+
+
+class Whisper(nn.Module):
+    def __init__(self, dims: WhisperDims):
+        super().__init__()
+        self.dims = dims
+        self.encoder = AudioEncoder(dims)
+        self.decoder = TextDecoder(dims)

@@ -1,0 +1,51 @@
+"""What the engine takes per sequence and what it gives back. Plain data, no behaviour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    """One sequence to decode over one audio window, as an adapter builds it.
+
+    The engine knows nothing about languages or tasks: the adapter encodes them in the
+    prompt, the grammar and the id sets below.
+    """
+
+    prompt_ids: tuple[int, ...]
+    eot_id: int
+    # xgrammar CompiledGrammar that every generated token must follow (None: unconstrained).
+    grammar: Any = None
+    # Regex rendering of the same constraint, for engines that only take a regex.
+    regex: str | None = None
+    # The text part begins after the first of these tokens (in the prompt or generated);
+    # the rules below apply only there.
+    text_start_after_ids: frozenset[int] = frozenset()
+    suppress_ids: tuple[int, ...] = ()  # never in text
+    blank_ids: tuple[int, ...] = ()  # not as the first text token
+    timestamp_begin: int | None = None  # set: Whisper's timestamp rules apply to the text
+    max_initial_timestamp_index: int | None = 50  # first timestamp at most 1.0 s
+    # Report the raw next-token probabilities of probe_ids at prompt position probe_index
+    # (Whisper: language and no-speech probabilities at <|startoftranscript|>).
+    probe_index: int = 0
+    probe_ids: tuple[int, ...] = ()
+    max_new_tokens: int = 224
+    temperature: float = 0.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    token_id: int
+    logprob: float
+
+
+@dataclass
+class SequenceResult:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    probe_probs: dict[int, float] = field(default_factory=dict)
+    finish_reason: str = ""  # "stop" (end of text), "length", "grammar", "cancelled", "error"
+    error: str | None = None

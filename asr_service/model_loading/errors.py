@@ -1,0 +1,2 @@
+class ModelLoadError(Exception):
+    """A model could not be found or read. The message says what is accepted."""
