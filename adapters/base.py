@@ -49,6 +49,8 @@ class ParsedOutput:
     segments: list[ParsedSegment] = field(default_factory=list)
     # Where the output came apart: None when it parsed.
     failure: str | None = None
+    # How many generated tokens were the forced prefix (not text): 0 when the prompt held it.
+    prefix_length: int = 0
 
 
 class TranscriptionAdapter(ABC):
@@ -94,6 +96,10 @@ class TranscriptionAdapter(ABC):
                                candidate_languages: tuple[str, ...] | None = None) -> dict[str, float]:
         """Softmax over the allowed language tokens, from the engine's probe at the first step."""
         return {}
+
+    def no_speech_probability(self, probe_probs: dict[int, float]) -> float | None:
+        """Probability that the window holds no speech, from the same probe (None: unknown)."""
+        return None
 
     def joiner(self, language: str | None) -> str:
         return "" if language in self.config.no_space_languages else " "

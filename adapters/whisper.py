@@ -107,12 +107,14 @@ class WhisperAdapter(TranscriptionAdapter):
         if ids[1] not in (tok.transcribe, tok.translate):
             return self._failed(f"second token {tok.token_string(ids[1])!r} is not a task token")
         if ids[2] == tok.no_timestamps:
-            body = ids[3:]
+            prefix_length = 3
         elif ids[2] >= tok.timestamp_begin:
-            body = ids[2:]
+            prefix_length = 2  # the opening timestamp belongs to the text
         else:
             return self._failed(f"third token {tok.token_string(ids[2])!r} is neither <|notimestamps|> nor a timestamp")
-        return self._parse_body(language, body)
+        parsed = self._parse_body(language, ids[prefix_length:])
+        parsed.prefix_length = prefix_length
+        return parsed
 
     @staticmethod
     def _failed(why: str) -> ParsedOutput:

@@ -1,0 +1,82 @@
+"""Bytes -> mono float32 16 kHz samples, with PyAV (FFmpeg's libraries, no ffmpeg binary).
+
+PyAV is the choice because it decodes every container the OpenAI API accepts from memory
+and resamples in the same pass; limits are enforced while decoding so a file that claims
+hours of audio cannot grow memory beyond ``max_seconds``.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import av
+import numpy as np
+
+SAMPLE_RATE = 16000
+DEFAULT_MAX_BYTES = 25 * 1024 * 1024
+DEFAULT_MAX_SECONDS = 3 * 3600.0
+
+
+class AudioError(ValueError):
+    """Audio that cannot be used; ``code`` names the reason for API errors."""
+
+    code = "invalid_audio"
+
+
+class InvalidAudioError(AudioError):
+    """Empty, truncated, random or non-audio bytes."""
+
+    def __init__(self, detail: str):
+        self.detail = detail
+        super().__init__(f"Invalid or unsupported audio file: {detail}")
+
+
+class AudioTooLargeError(AudioError):
+    code = "file_too_large"
+
+
+class AudioTooLongError(AudioError):
+    code = "audio_too_long"
+
+
+@dataclass(frozen=True)
+class AudioLimits:
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_seconds: float = DEFAULT_MAX_SECONDS
+
+
+def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> np.ndarray:
+    if not data:
+        raise InvalidAudioError("the file is empty")
+    if len(data) > limits.max_bytes:
+        raise AudioTooLargeError(f"upload of {len(data)} bytes exceeds the limit of {limits.max_bytes} bytes")
+    max_samples = int(limits.max_seconds * SAMPLE_RATE)
+    pieces: list[np.ndarray] = []
+    total = 0
+    try:
+        with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as container:
+            stream = next((s for s in container.streams if s.type == "audio"), None)
+            if stream is None:
+                raise InvalidAudioError("no audio stream found")
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    pieces.append(out.to_ndarray().reshape(-1))
+                    total += pieces[-1].shape[0]
+                if total > max_samples:
+                    raise AudioTooLongError(
+                        f"audio is longer than the limit of {limits.max_seconds:g} seconds"
+                    )
+            for out in resampler.resample(None):
+                pieces.append(out.to_ndarray().reshape(-1))
+    except AudioError:
+        raise
+    except (av.FFmpegError, ValueError, IndexError, OSError) as e:
+        raise InvalidAudioError(f"could not decode audio ({type(e).__name__}: {e})") from None
+    if not pieces or sum(p.shape[0] for p in pieces) == 0:
+        raise InvalidAudioError("no audio samples could be decoded")
+    audio = np.concatenate(pieces).astype(np.float32, copy=False)[:max_samples]
+    if not np.isfinite(audio).all():
+        raise InvalidAudioError("decoded samples are not finite")
+    return audio

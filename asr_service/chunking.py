@@ -1,0 +1,67 @@
+"""Cut long audio into windows the model can take, at quiet points.
+
+Rule: each chunk ends at most ``max_seconds`` after it starts; the cut goes in the middle of
+the quietest ``window_seconds`` RMS window within the last ``search_seconds`` before that
+limit. Every window of the search region is considered, the one ending exactly at the limit
+included (the anchor implementation skips it). Offsets are true sample positions, so
+timestamps never drift by chunk index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    start_sample: int
+    samples: np.ndarray
+    sample_rate: int
+
+    @property
+    def start(self) -> float:
+        return self.start_sample / self.sample_rate
+
+    @property
+    def duration(self) -> float:
+        return self.samples.shape[0] / self.sample_rate
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+def find_cut(audio: np.ndarray, start: int, limit: int, search: int, window: int) -> int:
+    """Sample index of the cut for a chunk starting at ``start`` that may not pass ``limit``."""
+    region_start = max(start + window, limit - search)
+    n_windows = (limit - region_start) // window
+    if n_windows < 1:
+        return limit
+    first = limit - n_windows * window  # windows tile the region and end exactly at the limit
+    frames = audio[first:limit].reshape(n_windows, window).astype(np.float64)
+    rms = np.sqrt(np.mean(frames * frames, axis=1))
+    quietest = int(np.argmin(rms))
+    return first + quietest * window + window // 2
+
+
+def split_audio(
+    audio: np.ndarray,
+    sample_rate: int = 16000,
+    max_seconds: float = 30.0,
+    search_seconds: float = 1.0,
+    window_seconds: float = 0.1,
+) -> list[AudioChunk]:
+    max_len = int(max_seconds * sample_rate)
+    search = int(search_seconds * sample_rate)
+    window = int(window_seconds * sample_rate)
+    chunks: list[AudioChunk] = []
+    pos = 0
+    while audio.shape[0] - pos > max_len:
+        cut = find_cut(audio, pos, pos + max_len, search, window)
+        chunks.append(AudioChunk(pos, audio[pos:cut], sample_rate))
+        pos = cut
+    if pos < audio.shape[0] or not chunks:
+        chunks.append(AudioChunk(pos, audio[pos:], sample_rate))
+    return chunks

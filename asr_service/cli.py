@@ -1,0 +1,128 @@
+"""Command line: ``asr-service transcribe FILE [FILE ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from adapters.base import UnsupportedLanguageError
+
+from .audio import AudioError, AudioLimits, decode_audio
+from .formats import RESPONSE_FORMATS, TIMED_FORMATS, render
+from .model_loading import DEFAULT_MODEL, ModelLoadError
+from .transcription import TranscriptionOptions
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asr-service", description="OpenAI-compatible Whisper speech-to-text")
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("transcribe", help="transcribe (or translate) audio files")
+    t.add_argument("files", nargs="+", type=Path)
+    t.add_argument("--language", help="ISO-639-1 code; omit to detect it in the same decode")
+    t.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
+    t.add_argument("--response-format", choices=RESPONSE_FORMATS, default="json")
+    t.add_argument("--model", default=DEFAULT_MODEL, help="packaged model name or model directory")
+    t.add_argument("--prompt", help="previous-text context for the decode")
+    t.add_argument("--temperature", type=float, default=0.0)
+    t.add_argument("--seed", type=int)
+    t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    t.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest input file in bytes")
+    t.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
+    t.add_argument("-v", "--verbose", action="store_true")
+    return parser
+
+
+def _error_line(message: str, code: str) -> str:
+    return json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": "file", "code": code}})
+
+
+async def _transcribe_files(args, runtime) -> int:
+    limits = AudioLimits(args.max_bytes, args.max_seconds)
+    options = TranscriptionOptions(
+        task=args.task,
+        language=runtime.adapter.validate_language(args.language),
+        timestamps=args.response_format in TIMED_FORMATS,
+        previous_text=args.prompt,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    audios: list = []
+    for path in args.files:
+        try:
+            audios.append(decode_audio(path.read_bytes(), limits))
+        except (OSError, AudioError) as e:
+            audios.append(e)
+    progress = _progress_bar([a for a in audios if not isinstance(a, Exception)], runtime)
+
+    async def one(audio):
+        if isinstance(audio, Exception):
+            return audio
+        return await runtime.transcriber.transcribe(audio, options, on_chunk_done=progress)
+
+    # All files go to the engine together: their chunks share its batch.
+    results = await asyncio.gather(*(one(a) for a in audios))
+    if progress:
+        progress.close()
+    status = 0
+    json_lines = args.response_format.endswith("json")  # one JSON object per line, in input order
+    for path, result in zip(args.files, results):
+        if isinstance(result, Exception):
+            status = 1
+            if json_lines:
+                print(_error_line(f"{path}: {result}", getattr(result, "code", "file_not_readable")))
+            else:
+                print(f"error: {path}: {result}", file=sys.stderr)
+        elif json_lines:
+            print(render(result, args.response_format))
+        else:
+            print(render(result, args.response_format).rstrip("\n") + ("\n" if len(args.files) > 1 else ""))
+    return status
+
+
+class _ChunkProgress:
+    """tqdm over chunks, shown only on a terminal and only when there is something long to wait for."""
+
+    def __init__(self, total_seconds: float):
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=round(total_seconds, 1), unit="s audio", file=sys.stderr)
+
+    def __call__(self, chunk) -> None:
+        self._bar.update(round(chunk.duration, 1))
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _progress_bar(audios, runtime):
+    total = sum(a.shape[0] for a in audios) / runtime.adapter.config.sample_rate
+    if sys.stderr.isatty() and total > runtime.adapter.config.max_clip_seconds:
+        return _ChunkProgress(total)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from .runtime import build_runtime  # heavy imports only once arguments are valid
+
+    try:
+        runtime = build_runtime(args.model, threads=args.threads)
+    except ModelLoadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_transcribe_files(args, runtime))
+    except UnsupportedLanguageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        runtime.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Response writers: TranscriptionResult -> json / text / srt / vtt / verbose_json bodies."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+from .transcription import TranscriptionResult
+
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+# Formats that need segment times, so the decode runs with Whisper timestamp tokens.
+TIMED_FORMATS = frozenset({"srt", "vtt", "verbose_json"})
+
+
+def _clock(seconds: float, decimal: str) -> str:
+    ms = max(0, int(round(seconds * 1000)))
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{decimal}{ms:03d}"
+
+
+def usage(result: TranscriptionResult) -> dict:
+    return {"type": "duration", "seconds": max(1, math.ceil(result.duration))}
+
+
+def to_json(result: TranscriptionResult) -> dict:
+    return {"text": result.text, "usage": usage(result)}
+
+
+def to_verbose_json(result: TranscriptionResult) -> dict:
+    segments = []
+    for s in result.segments:
+        d = asdict(s)
+        d.pop("language")
+        segments.append(d)
+    return {
+        "task": result.task,
+        "language": result.language,
+        "language_probability": result.language_probability,
+        "duration": result.duration,
+        "text": result.text,
+        "segments": segments,
+        "usage": usage(result),
+    }
+
+
+def to_srt(result: TranscriptionResult) -> str:
+    blocks = [
+        f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n"
+        for i, s in enumerate(result.segments, start=1)
+    ]
+    return "\n".join(blocks)
+
+
+def to_vtt(result: TranscriptionResult) -> str:
+    blocks = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n" for s in result.segments]
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def render(result: TranscriptionResult, response_format: str) -> str:
+    """The response body as text (JSON formats serialised)."""
+    if response_format == "json":
+        return json.dumps(to_json(result), ensure_ascii=False)
+    if response_format == "verbose_json":
+        return json.dumps(to_verbose_json(result), ensure_ascii=False)
+    if response_format == "text":
+        return result.text + "\n"
+    if response_format == "srt":
+        return to_srt(result)
+    if response_format == "vtt":
+        return to_vtt(result)
+    raise ValueError(f"unsupported response_format {response_format!r}; supported: {', '.join(RESPONSE_FORMATS)}")

@@ -1,0 +1,31 @@
+"""Wires one model into a ready-to-use pipeline: weights -> adapter -> engine -> transcriber."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from adapters import WhisperAdapter
+
+from .engine.batch_engine import BatchEngine
+from .model_loading import DEFAULT_MODEL, LoadedModel, load_model
+from .transcription import Transcriber
+
+
+@dataclass
+class Runtime:
+    loaded: LoadedModel
+    adapter: WhisperAdapter
+    engine: BatchEngine
+    transcriber: Transcriber
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_batch_size: int = 16) -> Runtime:
+    loaded = load_model(model)
+    adapter = WhisperAdapter.from_loaded(loaded)
+    # Threads: all cores by default; more processes or threads than cores only add contention.
+    engine = BatchEngine(loaded.model, max_batch_size=max_batch_size, threads=threads or os.cpu_count())
+    return Runtime(loaded, adapter, engine, Transcriber(engine, adapter))

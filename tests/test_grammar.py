@@ -1,0 +1,97 @@
+"""Token-strict constraints: what xgrammar allows at each step, by token id."""
+
+import pytest
+import torch
+import xgrammar as xgr
+
+
+def allowed(matcher, vocab_size) -> set[int]:
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    logits = torch.zeros(1, vocab_size)
+    xgr.apply_token_bitmask_inplace(logits, bitmask)
+    return set((logits[0] == 0).nonzero().flatten().tolist())
+
+
+@pytest.fixture
+def fused(adapter):
+    return adapter.build_fused_autodetect_params()
+
+
+def test_step0_allows_exactly_the_language_tokens(adapter, tok, fused):
+    m = xgr.GrammarMatcher(fused.grammar)
+    assert allowed(m, tok.vocab_size) == set(tok.language_ids.values())
+    assert len(tok.language_ids) == 99
+
+
+def test_byte_spelled_prefix_is_rejected_at_step0(tok, fused):
+    m = xgr.GrammarMatcher(fused.grammar)
+    for piece in ("<", "|"):
+        ids = tok.encode(piece)
+        assert len(ids) == 1
+        assert not m.accept_token(ids[0]), piece
+    # No ordinary token whose text could begin a spelled "<|fr|>" is allowed.
+    assert all(tok.token_string(i).startswith("<|") and i in tok.special_ids for i in allowed(m, tok.vocab_size))
+
+
+def test_prefix_then_text_without_special_tokens(tok, fused):
+    m = xgr.GrammarMatcher(fused.grammar)
+    assert m.accept_token(tok.language_ids["fr"])
+    assert allowed(m, tok.vocab_size) == {tok.transcribe}
+    assert m.accept_token(tok.transcribe)
+    assert allowed(m, tok.vocab_size) == {tok.no_timestamps}
+    assert m.accept_token(tok.no_timestamps)
+    text_ok = allowed(m, tok.vocab_size)
+    assert tok.eot in text_ok
+    assert not (text_ok & (tok.special_ids - {tok.eot}))
+    assert not any(i >= tok.timestamp_begin for i in text_ok)
+    for t in tok.encode(" Bonjour le monde"):
+        assert m.accept_token(t)
+    assert not m.accept_token(tok.language_ids["en"])
+    assert not m.accept_token(tok.sot)
+    assert m.accept_token(tok.eot) and m.is_terminated()
+
+
+def test_timestamp_variant_requires_a_timestamp_and_allows_them_in_text(adapter, tok):
+    params = adapter.build_fused_autodetect_params(timestamps=True)
+    m = xgr.GrammarMatcher(params.grammar)
+    m.accept_token(tok.language_ids["en"])
+    m.accept_token(tok.transcribe)
+    assert allowed(m, tok.vocab_size) == set(range(tok.timestamp_begin, tok.vocab_size))
+    assert m.accept_token(tok.timestamp_begin)
+    text_ok = allowed(m, tok.vocab_size)
+    assert tok.timestamp_begin + 100 in text_ok and tok.no_timestamps not in text_ok
+
+
+def test_narrowing_to_candidate_languages(adapter, tok):
+    params = adapter.build_fused_autodetect_params(candidate_languages=("fr", "en"))
+    m = xgr.GrammarMatcher(params.grammar)
+    assert allowed(m, tok.vocab_size) == {tok.language_ids["en"], tok.language_ids["fr"]}
+    assert not m.accept_token(tok.language_ids["de"])
+
+
+def test_translate_task_token_is_forced(adapter, tok):
+    params = adapter.build_fused_autodetect_params(task="translate")
+    m = xgr.GrammarMatcher(params.grammar)
+    m.accept_token(tok.language_ids["de"])
+    assert allowed(m, tok.vocab_size) == {tok.translate}
+
+
+def test_grammar_variants_compile_once_with_deterministic_keys(adapter):
+    g = adapter.grammars
+    a = g.key("transcribe", False, ("fr", "en"))
+    b = g.key("transcribe", False, ("en", "fr", "en"))
+    assert a == b
+    assert g.get(a) is g.get(b)
+    assert g.compile_counts[a] == 1
+
+
+def test_regex_rendering(adapter):
+    import re
+
+    key = adapter.grammars.key("transcribe", False, ("en", "fr"))
+    rx = re.compile(adapter.grammars.regex(key))
+    assert rx.fullmatch("<|fr|><|transcribe|><|notimestamps|> Bonjour")
+    assert not rx.fullmatch("<|de|><|transcribe|><|notimestamps|> Hallo")
+    ts = re.compile(adapter.grammars.regex(adapter.grammars.key("translate", True, ("en",))))
+    assert ts.fullmatch("<|en|><|translate|><|0.00|> Hi<|1.20|>")
