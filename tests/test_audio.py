@@ -1,0 +1,103 @@
+"""Every accepted container decodes (files made here with PyAV); every bad input gets the typed error."""
+
+import io
+import os
+
+import av
+import numpy as np
+import pytest
+
+from asr_service.audio import (
+    AudioLimits,
+    AudioTooLargeError,
+    AudioTooLongError,
+    InvalidAudioError,
+    decode_audio,
+)
+
+# (name as the OpenAI API calls it, container format, codec)
+FORMATS = [
+    ("flac", "flac", "flac"),
+    ("mp3", "mp3", "libmp3lame"),
+    ("mp4", "mp4", "aac"),
+    ("mpeg", "mpeg", "mp2"),
+    ("mpga", "mp3", "libmp3lame"),
+    ("m4a", "ipod", "aac"),
+    ("ogg", "ogg", "libopus"),  # this FFmpeg build has no libvorbis encoder
+    ("wav", "wav", "pcm_s16le"),
+    ("webm", "webm", "libopus"),
+]
+
+
+def encode(container_format: str, codec: str, seconds=1.5, rate=44100, layout="stereo") -> bytes:
+    """A tone encoded by FFmpeg's libraries through PyAV, in memory."""
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format=container_format) as out:
+        codec_rate = 48000 if codec == "libopus" else rate
+        stream = out.add_stream(codec, rate=codec_rate, layout=layout)
+        t = np.arange(int(seconds * codec_rate)) / codec_rate
+        tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+        channels = 2 if layout == "stereo" else 1
+        planar = np.tile(tone, (channels, 1))
+        fmt = "fltp"
+        step = 1024
+        for i in range(0, planar.shape[1], step):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planar[:, i : i + step]), format=fmt, layout=layout)
+            frame.sample_rate = codec_rate
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name,container,codec", FORMATS, ids=[f[0] for f in FORMATS])
+def test_every_format_decodes_to_mono_16k(name, container, codec):
+    data = encode(container, codec)
+    audio = decode_audio(data)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    # 1.5 s of audio at 16 kHz, give or take the codec's priming and padding.
+    assert abs(audio.shape[0] / 16000 - 1.5) < 0.15, audio.shape[0] / 16000
+    # The tone survives: energy near 0.3 / sqrt(2) RMS.
+    assert 0.1 < float(np.sqrt(np.mean(audio[4000:-4000] ** 2))) < 0.4
+
+
+def test_mono_and_odd_rates_are_resampled():
+    audio = decode_audio(encode("wav", "pcm_s16le", seconds=2.0, rate=22050, layout="mono"))
+    assert abs(audio.shape[0] - 32000) < 50
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        os.urandom(4096),
+        b"this is plainly a text file, not audio\n" * 20,
+        b"RIFF\x24\x00\x00\x00WAVEfmt ",  # a WAV header cut short
+        b"\x1aE\xdf\xa3" + os.urandom(100),  # a webm magic number and noise
+    ],
+    ids=["empty", "random", "text", "truncated-wav-header", "fake-webm"],
+)
+def test_bad_bytes_raise_the_typed_error(data):
+    with pytest.raises(InvalidAudioError) as e:
+        decode_audio(data)
+    assert "Invalid or unsupported audio file" in str(e.value)
+
+
+def test_truncated_real_file_raises_the_typed_error():
+    data = encode("mp4", "aac")
+    with pytest.raises(InvalidAudioError):
+        decode_audio(data[:64])
+
+
+def test_upload_limit():
+    data = encode("wav", "pcm_s16le")
+    with pytest.raises(AudioTooLargeError):
+        decode_audio(data, AudioLimits(max_bytes=len(data) - 1))
+
+
+def test_duration_limit_stops_decoding_early():
+    data = encode("flac", "flac", seconds=4.0)
+    with pytest.raises(AudioTooLongError):
+        decode_audio(data, AudioLimits(max_seconds=2.0))
+    assert decode_audio(data, AudioLimits(max_seconds=5.0)).shape[0] > 60000

@@ -1,0 +1,48 @@
+"""The decode loop itself: cancellation, token budget, probes."""
+
+import asyncio
+from dataclasses import replace
+
+import numpy as np
+
+from .clips import load_clip
+
+
+async def test_cancel_frees_the_slot_within_a_step(runtime):
+    engine, adapter = runtime.engine, runtime.adapter
+    noise = (0.1 * np.random.default_rng(0).standard_normal(16000 * 20)).astype(np.float32)
+    # Sampling at temperature 1 on noise keeps going for many steps.
+    params = replace(adapter.build_fused_autodetect_params(), temperature=1.0, seed=7, max_new_tokens=200)
+    stream = engine.submit(noise, params)
+    seen = 0
+    async for _ in stream:
+        seen += 1
+        if seen == 3:
+            steps_at_cancel = engine.steps
+            stream.cancel()
+    assert stream.result.finish_reason == "cancelled"
+    assert engine.steps - steps_at_cancel <= 2
+    for _ in range(50):
+        if engine.active_count == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.active_count == 0
+
+
+async def test_token_budget_ends_with_length(runtime):
+    adapter = runtime.adapter
+    params = replace(adapter.build_fused_autodetect_params(), max_new_tokens=5)
+    result = await runtime.engine.submit(load_clip("en", "counting"), params).collect()
+    assert result.finish_reason == "length" and len(result.token_ids) == 5
+    # The forced prefix came first, then two text tokens.
+    assert result.token_ids[:3] == [adapter.tok.language_ids["en"], adapter.tok.transcribe, adapter.tok.no_timestamps]
+
+
+async def test_probe_reports_language_and_no_speech_probabilities(runtime):
+    adapter = runtime.adapter
+    params = adapter.build_prompt("en")  # the probe position is inside the prompt here
+    speech = await runtime.engine.submit(load_clip("en", "quick_brown_fox"), params).collect()
+    silence = await runtime.engine.submit(np.zeros(16000 * 3, dtype=np.float32), params).collect()
+    assert adapter.language_probabilities(speech.probe_probs)["en"] > 0.9
+    assert adapter.no_speech_probability(speech.probe_probs) < 0.1
+    assert adapter.no_speech_probability(silence.probe_probs) > adapter.no_speech_probability(speech.probe_probs)
