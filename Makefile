@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test clean
+.PHONY: install test transcribe clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The main job until the HTTP server lands: make transcribe FILE=speech.wav [ARGS="--response-format srt"]
+transcribe: $(STAMP)
+	@test -n "$(FILE)" || { echo "usage: make transcribe FILE=path/to/audio [ARGS='--language fr ...']"; exit 2; }
+	$(BIN)/asr-service transcribe $(FILE) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
