@@ -9,7 +9,7 @@ import pytest
 from asr_service.transcription import TranscriptionOptions
 
 from .clips import all_clips, load_clip, reference
-from .textnorm import normalize
+from bench.textnorm import normalize
 
 # Whisper base gets the language of these clips wrong (measured; see the issue notes):
 # Polish is heard as Czech/Portuguese, and two two-word greetings are too short to tell.

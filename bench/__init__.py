@@ -1,0 +1,1 @@
+"""Side-by-side speed and quality measurements (see bench/README.md)."""
