@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import jiwer
-import numpy as np
 import soundfile as sf
 
 from asr_service.runtime import build_runtime

@@ -120,7 +120,7 @@ async def test_long_audio_chunks_offsets_and_join(runtime):
         t += audio.shape[0] / 16000
 
     # Speech is laid out so each 30 s limit falls inside a long silence.
-    for i, (name, clip) in enumerate([("fox", fox), ("counting", counting), ("hello", hello)] * 3):
+    for name, clip in [("fox", fox), ("counting", counting), ("hello", hello)] * 3:
         put(name, clip)
         put("silence", _silence(6.0))
     audio = np.concatenate(pieces)
