@@ -32,6 +32,8 @@ class WhisperAdapter(TranscriptionAdapter):
         # Non-speech symbols the model was trained to avoid; special ids are the grammar's job.
         self._suppress = tuple(sorted(i for i in suppress_ids if 0 <= i < tokenizer.eot))
         self._blank = tuple(tokenizer.encode(" ")) + (tokenizer.eot,)
+        no_speech = (tokenizer.no_speech,) if tokenizer.no_speech is not None else ()
+        self._probe_ids = tuple(tokenizer.language_ids.values()) + no_speech
 
     @classmethod
     def from_loaded(cls, loaded) -> "WhisperAdapter":
@@ -59,7 +61,7 @@ class WhisperAdapter(TranscriptionAdapter):
             blank_ids=self._blank,
             timestamp_begin=tok.timestamp_begin if key.timestamps else None,
             probe_index=probe_index,
-            probe_ids=tuple(tok.language_ids.values()) + ((tok.no_speech,) if tok.no_speech is not None else ()),
+            probe_ids=self._probe_ids,
             max_new_tokens=min(self.n_text_ctx // 2 + extra_prefix, self.n_text_ctx - len(prompt)),
         )
 

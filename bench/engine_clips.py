@@ -18,25 +18,19 @@ import time
 from pathlib import Path
 
 import jiwer
-import soundfile as sf
 
 from asr_service.runtime import build_runtime
 from asr_service.transcription import TranscriptionOptions
 
+from .clips import all_clips, load_clip, reference
 from .textnorm import normalize as _normalize
 
-SAMPLES = Path(__import__("pytest_audioeval.samples.registry").samples.registry.__file__).parent / "audio"
 # Scripts without spaces are scored by characters (CER), the rest by words.
 CHARACTER_SCORED = {"zh", "ja"}
 
 
 def load_clips():
-    clips = []
-    for wav in sorted(SAMPLES.glob("*/*.wav")):
-        audio, sr = sf.read(wav, dtype="float32")
-        clips.append((wav.parent.name, wav.stem, audio if audio.ndim == 1 else audio.mean(1),
-                      wav.with_suffix(".txt").read_text(encoding="utf-8").strip()))
-    return clips
+    return [(lang, name, load_clip(lang, name), reference(lang, name)) for lang, name in all_clips()]
 
 
 async def run_mode(rt, clips, mode: str) -> dict:

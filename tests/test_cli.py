@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .clips import clip_path
+from bench.clips import clip_path
 
 CLI = str(Path(sys.executable).parent / "asr-service")
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .clips import load_clip
+from bench.clips import load_clip
 
 
 async def test_cancel_frees_the_slot_within_a_step(runtime):

@@ -10,7 +10,7 @@ import torch
 from asr_service.engine.features import log_mel_spectrogram
 from asr_service.model_loading import ModelLoadError, load_model
 
-from .clips import load_clip
+from bench.clips import load_clip
 
 
 def test_unknown_name_lists_what_is_accepted():

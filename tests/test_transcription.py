@@ -8,7 +8,7 @@ import pytest
 
 from asr_service.transcription import TranscriptionOptions
 
-from .clips import all_clips, load_clip, reference
+from bench.clips import all_clips, load_clip, reference
 from bench.textnorm import normalize
 
 # Whisper base gets the language of these clips wrong (measured; see the issue notes):

@@ -109,7 +109,8 @@ class BatchEngine:
         self._active: list[_Sequence] = []
         self._wake = threading.Condition()
         self._stopping = False
-        self._caches_ready = False
+        self._self_kv: list | None = None  # per-slot caches, allocated on first use
+        self._cross_kv: list | None = None
         self._bitmask = xgr.allocate_token_bitmask(max_batch_size, self.dims.n_vocab)
         self.steps = 0  # decode steps run, for tests and metrics
         self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
@@ -173,10 +174,9 @@ class BatchEngine:
         shape_cross = (S, d.n_text_head, d.n_audio_ctx, hd)
         self._self_kv = [(torch.zeros(shape_self), torch.zeros(shape_self)) for _ in range(d.n_text_layer)]
         self._cross_kv = [(torch.zeros(shape_cross), torch.zeros(shape_cross)) for _ in range(d.n_text_layer)]
-        self._caches_ready = True
 
     def _admit(self, seqs: list[_Sequence]) -> None:
-        if not self._caches_ready:
+        if self._self_kv is None:
             self._allocate_caches()
         mel = torch.stack([log_mel_spectrogram(s.audio, self.dims.n_mels) for s in seqs])
         audio_features = self.model.encoder(mel)
