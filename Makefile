@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test transcribe clean
+.PHONY: install test serve transcribe clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,11 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The main job until the HTTP server lands: make transcribe FILE=speech.wav [ARGS="--response-format srt"]
+# The main job: the OpenAI-compatible server on 127.0.0.1:8000 with the packaged model.
+serve: $(STAMP)
+	$(BIN)/asr-service serve --host 127.0.0.1 --port 8000 $(ARGS)
+
+# A file from the command line: make transcribe FILE=speech.wav [ARGS="--response-format srt"]
 transcribe: $(STAMP)
 	@test -n "$(FILE)" || { echo "usage: make transcribe FILE=path/to/audio [ARGS='--language fr ...']"; exit 2; }
 	$(BIN)/asr-service transcribe $(FILE) $(ARGS)

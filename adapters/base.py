@@ -89,6 +89,15 @@ class TranscriptionAdapter(ABC):
         """Language, text and segments from the generated ids of a decode built by this adapter."""
 
     @abstractmethod
+    def forced_prefix_tokens(self, params: DecodeParams) -> int:
+        """How many generated tokens must arrive before parse_output can tell whether the
+        forced prefix is there (0 when the prompt already holds it)."""
+
+    @abstractmethod
+    def decode_text(self, token_ids: list[int]) -> str:
+        """Visible text of generated text tokens (special and timestamp tokens left out)."""
+
+    @abstractmethod
     def strip_special_tokens(self, text: str) -> str:
         """Remove the model's own special tokens from text, and nothing else."""
 

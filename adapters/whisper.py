@@ -153,6 +153,12 @@ class WhisperAdapter(TranscriptionAdapter):
         text = "".join(s.text for s in segments).strip()
         return ParsedOutput(language, text, segments)
 
+    def forced_prefix_tokens(self, params: DecodeParams) -> int:
+        return 0 if self._prefix_in_prompt(params) else 3
+
+    def decode_text(self, token_ids: list[int]) -> str:
+        return self.tok.decode(token_ids)
+
     def strip_special_tokens(self, text: str) -> str:
         """Remove Whisper's own tokens only; a spoken "<|foo|>" stays."""
         for name in self.tok.special_token_strings:

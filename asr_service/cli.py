@@ -33,7 +33,31 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest input file in bytes")
     t.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
     t.add_argument("-v", "--verbose", action="store_true")
+
+    s = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--model", default=DEFAULT_MODEL, help="packaged model name or model directory")
+    s.add_argument("--served-model-name", help="name listed by /v1/models (default: the --model value)")
+    s.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    s.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
+    s.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest upload in bytes")
+    s.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
+    s.add_argument("--log-level", default="info")
     return parser
+
+
+def _serve(args) -> int:
+    import uvicorn
+
+    from .server.app import ServerSettings, create_app
+
+    settings = ServerSettings(
+        model=args.model, served_model_name=args.served_model_name, threads=args.threads,
+        max_batch_size=args.max_batch_size, limits=AudioLimits(args.max_bytes, args.max_seconds),
+    )
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
 
 
 def _error_line(message: str, code: str) -> str:
@@ -107,6 +131,9 @@ def _progress_bar(audios, runtime):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "serve":
+        logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+        return _serve(args)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from .runtime import build_runtime  # heavy imports only once arguments are valid
 

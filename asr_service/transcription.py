@@ -28,6 +28,8 @@ class TranscriptionOptions:
     previous_text: str | None = None
     candidate_languages: tuple[str, ...] | None = None
     temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
     seed: int | None = None
     max_new_tokens: int | None = None
     # "fused" (one decode per chunk) or "two-stage" (a detection decode, then the
@@ -94,7 +96,7 @@ class Transcriber:
             params = self.adapter.build_fused_autodetect_params(
                 options.task, options.timestamps, options.candidate_languages, options.previous_text
             )
-        changes = {"temperature": options.temperature, "seed": options.seed}
+        changes = {"temperature": options.temperature, "seed": options.seed, "top_k": options.top_k, "top_p": options.top_p}
         if options.max_new_tokens is not None:
             changes["max_new_tokens"] = min(params.max_new_tokens, options.max_new_tokens)
         return replace(params, **changes)
@@ -115,6 +117,10 @@ class Transcriber:
             result = await stream.collect()
         finally:
             stream.cancel()  # no-op when finished; frees the slot if the caller was cancelled
+        return self.outcome(chunk, params, result, options)
+
+    def outcome(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult,
+                options: TranscriptionOptions) -> "_ChunkOutcome":
         probs = self.adapter.language_probabilities(result.probe_probs, options.candidate_languages)
         return _ChunkOutcome(chunk, params, result, probs)
 
@@ -131,9 +137,9 @@ class Transcriber:
             return outcome
 
         outcomes = await asyncio.gather(*(run(c) for c in chunks))
-        return self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate)
+        return self.assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate)
 
-    def _assemble(self, outcomes: list[_ChunkOutcome], options: TranscriptionOptions, duration: float) -> TranscriptionResult:
+    def assemble(self, outcomes: list[_ChunkOutcome], options: TranscriptionOptions, duration: float) -> TranscriptionResult:
         adapter = self.adapter
         segments: list[Segment] = []
         chunk_texts: list[tuple[str | None, str]] = []

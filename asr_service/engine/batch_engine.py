@@ -113,6 +113,7 @@ class BatchEngine:
         self._cross_kv: list | None = None
         self._bitmask = xgr.allocate_token_bitmask(max_batch_size, self.dims.n_vocab)
         self.steps = 0  # decode steps run, for tests and metrics
+        self.cancelled_total = 0  # sequences ended by cancel() before they finished
         self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
         self._thread.start()
 
@@ -128,7 +129,13 @@ class BatchEngine:
 
     @property
     def active_count(self) -> int:
+        """Sequences holding a slot (being decoded)."""
         return len(self._active)
+
+    @property
+    def queued_count(self) -> int:
+        """Sequences submitted but not yet admitted."""
+        return len(self._pending)
 
     def shutdown(self) -> None:
         with self._wake:
@@ -274,8 +281,7 @@ class BatchEngine:
         chosen = logits.argmax(dim=-1).tolist()
         for i, s in enumerate(seqs):
             if s.generator is not None:
-                probs = torch.softmax(logits[i] / s.params.temperature, dim=-1)
-                chosen[i] = int(torch.multinomial(probs, 1, generator=s.generator))
+                chosen[i] = _sample_one(logits[i], s.params, s.generator)
         return chosen
 
     def _release(self, index: int, reason: str) -> None:
@@ -295,8 +301,25 @@ class BatchEngine:
         self._active.pop()
         self._finish_unslotted(seq, reason)
 
-    @staticmethod
-    def _finish_unslotted(seq: _Sequence, reason: str, error: str | None = None) -> None:
+    def _finish_unslotted(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
+        if reason == "cancelled":
+            self.cancelled_total += 1
         seq.stream.result.finish_reason = reason
         seq.stream.result.error = error
         seq.stream._emit(None)
+
+
+def _sample_one(logits: torch.Tensor, params: DecodeParams, generator: torch.Generator) -> int:
+    """Temperature sampling over the tokens that survive top_k, then top_p (nucleus)."""
+    scaled = logits / params.temperature
+    if params.top_k:
+        kth = torch.topk(scaled, min(params.top_k, scaled.shape[-1])).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p is not None and params.top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= params.top_p
+        drop[0] = False
+        scaled = scaled.scatter(0, order[drop], float("-inf"))
+    return int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator))

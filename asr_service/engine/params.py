@@ -32,7 +32,9 @@ class DecodeParams:
     probe_index: int = 0
     probe_ids: tuple[int, ...] = ()
     max_new_tokens: int = 224
-    temperature: float = 0.0
+    temperature: float = 0.0  # 0: greedy; above: sampling, narrowed by top_k / top_p
+    top_k: int | None = None
+    top_p: float | None = None
     seed: int | None = None
 
 

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP service (FastAPI, SSE via sse-starlette)."""

@@ -1,0 +1,55 @@
+"""StreamItems -> SSE payloads, in OpenAI's event schema or the vLLM/SGLang chunk schema."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import AsyncIterator
+
+from ..streaming import StreamDone, StreamFailed, StreamItem, TextDelta
+from .errors import OpenAIError
+
+
+def _data(payload: dict) -> dict:
+    return {"data": json.dumps(payload, ensure_ascii=False)}
+
+
+def _failure(item: StreamFailed) -> dict:
+    return _data(OpenAIError(500, item.message, code="language_detection_failed", type="server_error").body())
+
+
+async def openai_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict]:
+    """``transcript.text.delta`` events, then ``transcript.text.done``, then ``[DONE]``."""
+    async for item in items:
+        if isinstance(item, TextDelta):
+            yield _data({"type": "transcript.text.delta", "delta": item.text})
+        elif isinstance(item, StreamFailed):
+            yield _failure(item)
+            break
+        elif isinstance(item, StreamDone):
+            yield _data({
+                "type": "transcript.text.done",
+                "text": item.text,
+                "usage": {"type": "tokens", "input_tokens": item.prompt_tokens, "output_tokens": item.output_tokens,
+                          "total_tokens": item.prompt_tokens + item.output_tokens},
+            })
+    yield {"data": "[DONE]"}
+
+
+async def chunk_events(items: AsyncIterator[StreamItem], model: str, include_usage: bool) -> AsyncIterator[dict]:
+    """vLLM/SGLang's ``transcription.chunk`` objects with ``choices[0].delta.content``."""
+    base = {"id": f"trsc-{uuid.uuid4().hex}", "object": "transcription.chunk", "created": int(time.time()), "model": model}
+    async for item in items:
+        if isinstance(item, TextDelta):
+            yield _data({**base, "choices": [{"delta": {"content": item.text}, "finish_reason": None, "stop_reason": None}]})
+        elif isinstance(item, StreamFailed):
+            yield _failure(item)
+            break
+        elif isinstance(item, StreamDone):
+            yield _data({**base, "choices": [{"delta": {}, "finish_reason": "stop", "stop_reason": None}]})
+            if include_usage:
+                yield _data({**base, "choices": [], "usage": {
+                    "prompt_tokens": item.prompt_tokens, "completion_tokens": item.output_tokens,
+                    "total_tokens": item.prompt_tokens + item.output_tokens}})
+    yield {"data": "[DONE]"}

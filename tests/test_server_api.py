@@ -1,0 +1,273 @@
+"""The HTTP API through a live server on loopback: the OpenAI Python SDK and raw HTTP."""
+
+import json
+import os
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from bench.clips import clip_path, load_clip
+
+from .server_process import ServerProcess
+
+MAX_BYTES = 4_000_000  # a small upload limit so the 413 path is cheap to reach
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = ServerProcess("--max-bytes", str(MAX_BYTES), "--threads", "2", "--served-model-name", "whisper-1")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def wav_bytes(audio: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    sf.write(buf, audio, 16000, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def post(server, data=None, files=None, path="/v1/audio/transcriptions", **kw):
+    return httpx.post(server.url + path, data=data or {}, files=files, timeout=120, **kw)
+
+
+def assert_openai_error(response, status, param=None, code=None):
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param
+    if code is not None:
+        assert body["error"]["code"] == code
+    return body["error"]
+
+
+def sse_events(response) -> list[str]:
+    return [line[len("data: "):] for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+def still_healthy(server):
+    with open(clip_path("en", "hello_world"), "rb") as f:
+        r = post(server, {"response_format": "json"}, {"file": ("hello.wav", f, "audio/wav")})
+    assert r.status_code == 200 and r.json()["text"] == "Hello world."
+
+
+# ---- start-up ----
+
+def test_health_was_503_until_warm_then_200(server):
+    # The fixture polled /health from the moment the port opened.
+    assert server.health_statuses[-1] == 200
+    assert 503 in server.health_statuses, server.health_statuses
+    health = httpx.get(server.url + "/health").json()
+    assert len(health["warmup_variants"]) == 8
+
+
+def test_models_lists_the_served_name(client):
+    assert [m.id for m in client.models.list().data] == ["whisper-1"]
+
+
+# ---- the OpenAI SDK ----
+
+def test_sdk_json_with_fused_detection_on_french(client):
+    with open(clip_path("fr", "pangrama"), "rb") as f:
+        result = client.audio.transcriptions.create(model="whisper-1", file=f)
+    assert result.text.startswith("Portez ce vieux whisky")
+
+
+def test_sdk_verbose_json_reports_the_detected_language(client):
+    with open(clip_path("zh", "nihao_shijie"), "rb") as f:
+        result = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                    timestamp_granularities=["segment"])
+    assert result.language == "zh" and result.text.startswith("你好")
+    assert isinstance(result.duration, float) and result.segments
+    seg = result.segments[0]
+    assert seg.start == 0.0 and 0 < seg.end <= result.duration + 0.05
+    assert 0 <= seg.no_speech_prob < 0.5 and seg.avg_logprob < 0 and seg.tokens
+
+
+def test_sdk_text_srt_vtt(client):
+    path = clip_path("en", "quick_brown_fox")
+    with open(path, "rb") as f:
+        text = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="text")
+    assert text.strip() == "The quick brown fox jumps over the lazy dog."
+    with open(path, "rb") as f:
+        srt = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="srt")
+    lines = srt.splitlines()
+    assert lines[0] == "1" and lines[1].startswith("00:00:00,000 --> 00:00:0") and "quick brown fox" in lines[2]
+    with open(path, "rb") as f:
+        vtt = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="vtt")
+    assert vtt.startswith("WEBVTT\n\n00:00:00.000 --> 00:00:0") and "quick brown fox" in vtt
+
+
+def test_sdk_given_language(client):
+    with open(clip_path("es", "pangrama"), "rb") as f:
+        result = client.audio.transcriptions.create(model="whisper-1", file=f, language="es",
+                                                    response_format="verbose_json")
+    assert result.language == "es" and "murci" in result.text.lower()
+
+
+def test_sdk_translation_to_english(client):
+    with open(clip_path("fr", "comptage"), "rb") as f:
+        result = client.audio.translations.create(model="whisper-1", file=f, response_format="verbose_json")
+    assert result.task == "translate" and result.language == "fr"
+    assert any(d in result.text for d in ("2", "3", "two", "Two"))
+
+
+def test_sdk_streaming_iterates_openai_events(client):
+    with open(clip_path("pt", "pangrama"), "rb") as f:
+        stream = client.audio.transcriptions.create(model="whisper-1", file=f, stream=True)
+        events = list(stream)
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    done = [e for e in events if e.type == "transcript.text.done"]
+    assert len(done) == 1 and len(deltas) > 1
+    assert "".join(deltas) == done[0].text == "A rápida raposa, Marrom salta sobre o cachorro preguiçoso."
+
+
+def test_sdk_raises_on_the_detection_error_event(client):
+    with open(clip_path("en", "hello_world"), "rb") as f:
+        stream = client.audio.transcriptions.create(model="whisper-1", file=f, stream=True,
+                                                    extra_body={"max_completion_tokens": 2})
+        with pytest.raises(openai.APIError, match="language auto-detect failed"):
+            list(stream)
+
+
+# ---- raw HTTP: SSE bytes ----
+
+def test_sse_openai_schema_bytes(server):
+    audio = np.concatenate([load_clip("en", "quick_brown_fox"), np.zeros(16000, np.float32), load_clip("en", "counting")])
+    r = post(server, {"stream": "true"}, {"file": ("a.wav", wav_bytes(audio), "audio/wav")})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    payloads = [json.loads(e) for e in events[:-1]]
+    deltas = [p["delta"] for p in payloads if p["type"] == "transcript.text.delta"]
+    assert payloads[-1]["type"] == "transcript.text.done"
+    assert "".join(deltas) == payloads[-1]["text"]
+    assert all("<|" not in d for d in deltas)  # no special token, the prefix was held back
+    assert deltas[0].startswith("The")
+    assert payloads[-1]["usage"]["output_tokens"] > len(deltas)
+    # The stream matches the non-streaming answer.
+    plain = post(server, {}, {"file": ("a.wav", wav_bytes(audio), "audio/wav")}).json()["text"]
+    assert plain == payloads[-1]["text"]
+
+
+def test_sse_chunk_schema_for_vllm_and_sglang_clients(server):
+    with open(clip_path("it", "pangrama"), "rb") as f:
+        r = post(server, {"stream": "true", "stream_format": "chunk", "stream_include_usage": "true"},
+                 {"file": ("it.wav", f, "audio/wav")})
+    events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "transcription.chunk" for c in chunks)
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert content.startswith("Quell")
+    finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"] == "stop"]
+    assert len(finish) == 1
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+
+
+def test_sse_error_event_when_the_prefix_never_parses(server):
+    # Two tokens cannot hold <|lang|><|task|><|notimestamps|>: the stream ends before the prefix.
+    with open(clip_path("en", "hello_world"), "rb") as f:
+        r = post(server, {"stream": "true", "max_completion_tokens": "2"}, {"file": ("a.wav", f, "audio/wav")})
+    events = sse_events(r)
+    assert events[-1] == "[DONE]" and len(events) == 2
+    error = json.loads(events[0])["error"]
+    assert error["message"].startswith("language auto-detect failed") and error["code"] == "language_detection_failed"
+    with open(clip_path("en", "hello_world"), "rb") as f:
+        r = post(server, {"stream": "true", "stream_format": "chunk", "max_completion_tokens": "2"},
+                 {"file": ("a.wav", f, "audio/wav")})
+    assert [json.loads(e)["error"]["code"] for e in sse_events(r)[:-1]] == ["language_detection_failed"]
+    # Not streaming: verbose_json says language null, json is an error, never a made-up "en".
+    with open(clip_path("en", "hello_world"), "rb") as f:
+        r = post(server, {"response_format": "verbose_json", "max_completion_tokens": "2"}, {"file": ("a.wav", f, "audio/wav")})
+    assert r.status_code == 200 and r.json()["language"] is None
+    with open(clip_path("en", "hello_world"), "rb") as f:
+        r = post(server, {"max_completion_tokens": "2"}, {"file": ("a.wav", f, "audio/wav")})
+    assert_openai_error(r, 400, param="max_completion_tokens", code="language_detection_failed")
+    still_healthy(server)
+
+
+def test_client_that_disconnects_mid_stream_frees_its_slots(server):
+    audio = np.concatenate([load_clip("en", "counting")] * 20)  # ~60 s: two chunks
+    cancelled_before = httpx.get(server.url + "/health").json()["cancelled_sequences"]
+    with httpx.stream("POST", server.url + "/v1/audio/transcriptions", data={"stream": "true"},
+                      files={"file": ("long.wav", wav_bytes(audio), "audio/wav")}, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and "transcript.text.delta" in line:
+                break  # leave after the first delta
+    import time
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        health = httpx.get(server.url + "/health").json()
+        if health["active_sequences"] == 0 and health["queued_sequences"] == 0:
+            break
+        time.sleep(0.1)
+    assert health["active_sequences"] == 0 and health["queued_sequences"] == 0, health
+    # The second chunk was still decoding when the client left: it was cancelled, not finished.
+    assert health["cancelled_sequences"] > cancelled_before, health
+    still_healthy(server)
+
+
+# ---- raw HTTP: errors ----
+
+@pytest.mark.parametrize("content", [b"", os.urandom(3000), b"RIFF\x24\x00\x00\x00WAVEfmt "],
+                         ids=["empty", "random", "truncated"])
+def test_undecodable_audio_is_400(server, content):
+    err = assert_openai_error(post(server, {}, {"file": ("x.wav", content, "audio/wav")}), 400, "file", "invalid_audio")
+    assert err["message"].startswith("Invalid or unsupported audio file.")
+
+
+def test_oversized_upload_is_413(server):
+    big = wav_bytes(np.zeros(16000 * 130, np.float32))  # 4.16 MB > 4 MB limit
+    assert_openai_error(post(server, {}, {"file": ("big.wav", big, "audio/wav")}), 413, "file")
+
+
+def test_unknown_language_names_the_parameter_and_lists_codes(server):
+    with open(clip_path("en", "hello_world"), "rb") as f:
+        err = assert_openai_error(post(server, {"language": "xx"}, {"file": ("a.wav", f)}), 400, "language")
+    assert "'xx'" in err["message"] and "en, zh, de" in err["message"]
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"response_format": "diarized_json"}, "response_format"),
+    ({"temperature": "5"}, "temperature"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"stream": "maybe"}, "stream"),
+    ({"timestamp_granularities[]": "word"}, "timestamp_granularities"),
+    ({"include[]": "logprobs"}, "include"),
+    ({"stream": "true", "response_format": "srt"}, "stream"),
+    ({"top_p": "2"}, "top_p"),
+])
+def test_bad_fields_are_400_naming_the_field(server, fields, param):
+    with open(clip_path("en", "hello_world"), "rb") as f:
+        assert_openai_error(post(server, fields, {"file": ("a.wav", f)}), 400, param)
+
+
+def test_translation_to_another_language_is_refused(server):
+    with open(clip_path("fr", "comptage"), "rb") as f:
+        assert_openai_error(post(server, {"to_language": "de"}, {"file": ("a.wav", f)}, path="/v1/audio/translations"),
+                            400, "to_language")
+
+
+def test_missing_file_not_multipart_unknown_route_wrong_method(server):
+    assert_openai_error(post(server, {"model": "whisper-1"}), 400, "file")
+    assert_openai_error(httpx.post(server.url + "/v1/audio/transcriptions", json={"file": "x"}), 400)
+    assert_openai_error(httpx.get(server.url + "/v1/nothing"), 404)
+    assert_openai_error(httpx.get(server.url + "/v1/audio/transcriptions"), 405)
+    still_healthy(server)
