@@ -11,7 +11,7 @@ import soundfile as sf
 
 from bench.clips import clip_path, load_clip
 
-from .server_process import ServerProcess
+from bench.server_process import ServerProcess
 
 MAX_BYTES = 4_000_000  # a small upload limit so the 413 path is cheap to reach
 
@@ -271,3 +271,39 @@ def test_missing_file_not_multipart_unknown_route_wrong_method(server):
     assert_openai_error(httpx.get(server.url + "/v1/nothing"), 404)
     assert_openai_error(httpx.get(server.url + "/v1/audio/transcriptions"), 405)
     still_healthy(server)
+
+
+def test_long_input_streams_chunk_after_chunk_in_order(server):
+    audio = np.concatenate([load_clip("en", "quick_brown_fox"), np.zeros(16000 * 8, np.float32)] * 4
+                           + [load_clip("en", "hello_world")] * 6)
+    assert audio.shape[0] / 16000 > 45  # two chunks
+    r = post(server, {"stream": "true"}, {"file": ("long.wav", wav_bytes(audio), "audio/wav")})
+    payloads = [json.loads(e) for e in sse_events(r)[:-1]]
+    deltas = [p["delta"] for p in payloads if p["type"] == "transcript.text.delta"]
+    done = payloads[-1]
+    assert done["type"] == "transcript.text.done" and "".join(deltas) == done["text"]
+    assert done["text"].count("quick brown fox") == 4
+    assert done["text"].index("quick brown fox") < done["text"].rindex("Hello")
+    plain = post(server, {}, {"file": ("long.wav", wav_bytes(audio), "audio/wav")}).json()["text"]
+    assert plain == done["text"]
+
+
+@pytest.mark.parametrize("fields", [
+    {"prompt": "Glossary: fox, dog."},
+    {"temperature": "0.7", "seed": "42", "top_k": "20", "top_p": "0.9"},
+    {"top_k": "-1", "max_completion_tokens": "100", "chunking_strategy": "auto"},
+], ids=["prompt", "sampling", "vllm-extras"])
+def test_accepted_extras_still_transcribe(server, fields):
+    with open(clip_path("en", "quick_brown_fox"), "rb") as f:
+        r = post(server, fields, {"file": ("a.wav", f, "audio/wav")})
+    assert r.status_code == 200, r.text
+    assert "fox" in r.json()["text"].lower()
+
+
+def test_seeded_sampling_is_reproducible_over_http(server):
+    texts = []
+    for _ in range(2):
+        with open(clip_path("en", "counting"), "rb") as f:
+            r = post(server, {"temperature": "1.0", "seed": "7"}, {"file": ("a.wav", f, "audio/wav")})
+        texts.append(r.json()["text"])
+    assert texts[0] == texts[1]

@@ -1,4 +1,4 @@
-"""A real `asr-service serve` process on loopback, for API tests."""
+"""A real `asr-service serve` process on loopback, for API tests and bench runs."""
 
 from __future__ import annotations
 
