@@ -27,6 +27,7 @@ class TextDelta:
 @dataclass(frozen=True)
 class StreamFailed:
     message: str
+    code: str = "language_detection_failed"
 
 
 @dataclass(frozen=True)

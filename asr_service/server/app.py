@@ -123,6 +123,9 @@ async def _read_request(request: Request, state: ServerState, runtime: Runtime, 
     except Exception as e:  # malformed multipart, wrong content type
         raise OpenAIError(400, f"Could not parse the request as multipart/form-data: {e}", code="invalid_request") from None
     req = parse_transcription_form(form, runtime.adapter, task)
+    if req.file.size is not None and req.file.size > limit:
+        raise OpenAIError(413, f"Upload of {req.file.size} bytes exceeds the limit of {limit} bytes",
+                          param="file", code="file_too_large")
     data = await req.file.read()
     try:
         audio = await asyncio.to_thread(decode_audio, data, state.settings.limits)

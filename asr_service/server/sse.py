@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import AsyncIterator
@@ -10,18 +11,31 @@ from typing import AsyncIterator
 from ..streaming import StreamDone, StreamFailed, StreamItem, TextDelta
 from .errors import OpenAIError
 
+log = logging.getLogger(__name__)
+
 
 def _data(payload: dict) -> dict:
     return {"data": json.dumps(payload, ensure_ascii=False)}
 
 
 def _failure(item: StreamFailed) -> dict:
-    return _data(OpenAIError(500, item.message, code="language_detection_failed", type="server_error").body())
+    return _data(OpenAIError(500, item.message, code=item.code, type="server_error").body())
+
+
+async def _guarded(items: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem]:
+    """Turn a failure inside the pipeline into one StreamFailed, so the client still gets an
+    error event and [DONE] instead of a cut connection."""
+    try:
+        async for item in items:
+            yield item
+    except Exception as e:  # noqa: BLE001 - reported to the client, logged by the caller's logger
+        log.exception("stream failed")
+        yield StreamFailed(f"transcription failed: {type(e).__name__}: {e}", code="internal_error")
 
 
 async def openai_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict]:
     """``transcript.text.delta`` events, then ``transcript.text.done``, then ``[DONE]``."""
-    async for item in items:
+    async for item in _guarded(items):
         if isinstance(item, TextDelta):
             yield _data({"type": "transcript.text.delta", "delta": item.text})
         elif isinstance(item, StreamFailed):
@@ -40,7 +54,7 @@ async def openai_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict]
 async def chunk_events(items: AsyncIterator[StreamItem], model: str, include_usage: bool) -> AsyncIterator[dict]:
     """vLLM/SGLang's ``transcription.chunk`` objects with ``choices[0].delta.content``."""
     base = {"id": f"trsc-{uuid.uuid4().hex}", "object": "transcription.chunk", "created": int(time.time()), "model": model}
-    async for item in items:
+    async for item in _guarded(items):
         if isinstance(item, TextDelta):
             yield _data({**base, "choices": [{"delta": {"content": item.text}, "finish_reason": None, "stop_reason": None}]})
         elif isinstance(item, StreamFailed):
