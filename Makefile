@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test serve transcribe clean
+.PHONY: install test serve transcribe bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,18 @@ serve: $(STAMP)
 transcribe: $(STAMP)
 	@test -n "$(FILE)" || { echo "usage: make transcribe FILE=path/to/audio [ARGS='--language fr ...']"; exit 2; }
 	$(BIN)/asr-service transcribe $(FILE) $(ARGS)
+
+# Side-by-side measurements against faster-whisper (and HF) on the same weights.
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench
+
+bench-quick: $(BENCH_STAMP)
+	$(BIN)/python -m bench --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info

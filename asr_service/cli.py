@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
     s.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest upload in bytes")
     s.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
+    s.add_argument("--detection-mode", choices=("fused", "two-stage"), default="fused",
+                   help="two-stage (separate detection decode) is a baseline for bench/ only")
     s.add_argument("--log-level", default="info")
     return parser
 
@@ -54,7 +56,7 @@ def _serve(args) -> int:
 
     settings = ServerSettings(
         model=args.model, served_model_name=args.served_model_name, threads=args.threads,
-        max_batch_size=args.max_batch_size, limits=AudioLimits(args.max_bytes, args.max_seconds),
+        max_batch_size=args.max_batch_size, detection=args.detection_mode, limits=AudioLimits(args.max_bytes, args.max_seconds),
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ class ServerSettings:
     served_model_name: str | None = None
     threads: int | None = None
     max_batch_size: int = 16
+    # "two-stage" (a separate detection decode) exists only as a baseline for bench/.
+    detection: str = "fused"
     limits: AudioLimits = field(default_factory=AudioLimits)
 
     @property
@@ -159,7 +162,8 @@ async def _handle(request: Request, state: ServerState, task: str) -> Response:
         events = (chunk_events(items, state.settings.model_name, req.stream_include_usage)
                   if req.stream_format == "chunk" else openai_events(items))
         return EventSourceResponse(events)
-    result = await _until_disconnected(request, runtime.transcriber.transcribe(audio, req.options))
+    options = dataclasses.replace(req.options, detection=state.settings.detection)
+    result = await _until_disconnected(request, runtime.transcriber.transcribe(audio, options))
     if result is None:
         return Response(status_code=499)
     return _respond(result, req)
