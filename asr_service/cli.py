@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--temperature", type=float, default=0.0)
     t.add_argument("--seed", type=int)
     t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    t.add_argument("--quantize", choices=("int8",), help="int8 dynamic quantization of linear layers (faster on CPU)")
     t.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest input file in bytes")
     t.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
     t.add_argument("-v", "--verbose", action="store_true")
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", help="name listed by /v1/models (default: the --model value)")
     s.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     s.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
+    s.add_argument("--quantize", choices=("int8",), help="int8 dynamic quantization of linear layers (faster on CPU)")
     s.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest upload in bytes")
     s.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
     s.add_argument("--detection-mode", choices=("fused", "two-stage"), default="fused",
@@ -56,7 +58,7 @@ def _serve(args) -> int:
 
     settings = ServerSettings(
         model=args.model, served_model_name=args.served_model_name, threads=args.threads,
-        max_batch_size=args.max_batch_size, detection=args.detection_mode, limits=AudioLimits(args.max_bytes, args.max_seconds),
+        max_batch_size=args.max_batch_size, detection=args.detection_mode, quantize=args.quantize, limits=AudioLimits(args.max_bytes, args.max_seconds),
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime import build_runtime  # heavy imports only once arguments are valid
 
     try:
-        runtime = build_runtime(args.model, threads=args.threads)
+        runtime = build_runtime(args.model, threads=args.threads, quantize=args.quantize)
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

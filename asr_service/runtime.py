@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from adapters import WhisperAdapter
 
 from .engine.batch_engine import BatchEngine
-from .model_loading import DEFAULT_MODEL, LoadedModel, load_model
+from .model_loading import DEFAULT_MODEL, LoadedModel, load_model, return_freed_memory
 from .transcription import Transcriber
 
 
@@ -23,8 +23,16 @@ class Runtime:
         self.engine.shutdown()
 
 
-def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_batch_size: int = 16) -> Runtime:
+def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_batch_size: int = 16,
+                  quantize: str | None = None) -> Runtime:
     loaded = load_model(model)
+    if quantize == "int8":
+        from .engine.quantize import quantize_int8
+
+        quantize_int8(loaded.model)
+        return_freed_memory()  # the float weights that quantization replaced
+    elif quantize is not None:
+        raise ValueError(f"unknown quantization {quantize!r}; supported: int8")
     adapter = WhisperAdapter.from_loaded(loaded)
     # Threads: all cores by default; more processes or threads than cores only add contention.
     engine = BatchEngine(loaded.model, max_batch_size=max_batch_size, threads=threads or os.cpu_count())

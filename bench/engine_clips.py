@@ -73,7 +73,7 @@ async def run_mode(rt, clips, mode: str) -> dict:
 
 
 async def main_async(args) -> dict:
-    rt = build_runtime(threads=args.threads)
+    rt = build_runtime(threads=args.threads, quantize=args.quantize)
     clips = load_clips()
     # One warm-up pass so no mode pays first-call costs.
     await rt.transcriber.transcribe(clips[0][2], TranscriptionOptions())
@@ -96,6 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--quantize", choices=("int8",))
     args = parser.parse_args()
     report = asyncio.run(main_async(args))
     out = args.out or Path(__file__).parent / "results" / f"engine-clips-{dt.date.today()}.json"

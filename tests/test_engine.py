@@ -46,3 +46,21 @@ async def test_probe_reports_language_and_no_speech_probabilities(runtime):
     assert adapter.language_probabilities(speech.probe_probs)["en"] > 0.9
     assert adapter.no_speech_probability(speech.probe_probs) < 0.1
     assert adapter.no_speech_probability(silence.probe_probs) > adapter.no_speech_probability(speech.probe_probs)
+
+
+def test_int8_quantized_engine_still_transcribes():
+    """--quantize int8: the same pipeline on dynamically quantized linear layers."""
+    from asr_service.runtime import build_runtime
+    from asr_service.transcription import TranscriptionOptions
+
+    rt = build_runtime(threads=2, max_batch_size=4, quantize="int8")
+    try:
+        async def run():
+            return await asyncio.gather(*(rt.transcriber.transcribe(load_clip(*c), TranscriptionOptions())
+                                          for c in [("en", "quick_brown_fox"), ("fr", "pangrama"), ("zh", "nihao_shijie")]))
+        fox, fr, zh = asyncio.run(run())
+    finally:
+        rt.close()
+    assert fox.language == "en" and fox.text == "The quick brown fox jumps over the lazy dog."
+    assert fr.language == "fr" and fr.text.startswith("Portez ce vieux")
+    assert zh.language == "zh" and zh.text.startswith("你好")

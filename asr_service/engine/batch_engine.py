@@ -109,7 +109,7 @@ class BatchEngine:
         self._active: list[_Sequence] = []
         self._wake = threading.Condition()
         self._stopping = False
-        self._self_kv: list | None = None  # per-slot caches, allocated on first use
+        self._self_kv: list | None = None  # per-slot caches, grown on demand (_ensure_capacity)
         self._cross_kv: list | None = None
         self._bitmask = xgr.allocate_token_bitmask(max_batch_size, self.dims.n_vocab)
         self.steps = 0  # decode steps run, for tests and metrics
@@ -174,17 +174,31 @@ class BatchEngine:
         for seq in list(self._pending) + self._active:
             self._finish_unslotted(seq, "cancelled")
 
-    def _allocate_caches(self) -> None:
-        d, S = self.dims, self.max_batch_size
+    def _ensure_capacity(self, slots: int) -> None:
+        """Grow the per-slot caches to hold ``slots`` sequences (powers of two up to the batch
+        limit), keeping the active slots' contents: memory follows the load actually seen."""
+        have = 0 if self._self_kv is None else self._self_kv[0][0].shape[0]
+        if slots <= have:
+            return
+        capacity = min(self.max_batch_size, 1 << (slots - 1).bit_length())
+        d = self.dims
         hd = d.n_text_state // d.n_text_head
-        shape_self = (S, d.n_text_head, d.n_text_ctx, hd)
-        shape_cross = (S, d.n_text_head, d.n_audio_ctx, hd)
-        self._self_kv = [(torch.zeros(shape_self), torch.zeros(shape_self)) for _ in range(d.n_text_layer)]
-        self._cross_kv = [(torch.zeros(shape_cross), torch.zeros(shape_cross)) for _ in range(d.n_text_layer)]
+        n = len(self._active)
+
+        def grow(old, length: int):
+            new = torch.zeros(capacity, d.n_text_head, length, hd)
+            if old is not None and n:
+                new[:n] = old[:n]
+            return new
+
+        old_self = self._self_kv or [(None, None)] * d.n_text_layer
+        old_cross = self._cross_kv or [(None, None)] * d.n_text_layer
+        self._self_kv = [(grow(k, d.n_text_ctx), grow(v, d.n_text_ctx)) for k, v in old_self]
+        self._cross_kv = [(grow(k, d.n_audio_ctx), grow(v, d.n_audio_ctx)) for k, v in old_cross]
+        log.info("decode caches grown to %d slots", capacity)
 
     def _admit(self, seqs: list[_Sequence]) -> None:
-        if self._self_kv is None:
-            self._allocate_caches()
+        self._ensure_capacity(len(self._active) + len(seqs))
         mel = torch.stack([log_mel_spectrogram(s.audio, self.dims.n_mels) for s in seqs])
         audio_features = self.model.encoder(mel)
         first = len(self._active)

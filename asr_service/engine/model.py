@@ -143,6 +143,8 @@ class TextDecoder(nn.Module):
         self.positions = nn.Parameter(torch.zeros(dims.n_text_ctx, d))
         self.layers = nn.ModuleList(DecoderLayer(d, dims.n_text_head) for _ in range(dims.n_text_layer))
         self.ln = nn.LayerNorm(d)
+        # Set by quantization: a (quantized) linear layer standing in for the tied projection.
+        self.output_projection: nn.Module | None = None
 
     def forward(self, tokens, positions, caches, cross, attn_mask) -> torch.Tensor:
         """tokens/positions [B, T] -> hidden states [B, T, d] (logits are taken by the caller,
@@ -153,6 +155,9 @@ class TextDecoder(nn.Module):
         return self.ln(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.output_projection is not None:
+            # Quantized linear layers want at least 2-D input.
+            return self.output_projection(hidden.reshape(-1, hidden.shape[-1])).reshape(*hidden.shape[:-1], -1)
         return hidden @ self.token_embedding.weight.T
 
 

@@ -39,6 +39,7 @@ class ServerSettings:
     max_batch_size: int = 16
     # "two-stage" (a separate detection decode) exists only as a baseline for bench/.
     detection: str = "fused"
+    quantize: str | None = None  # "int8": dynamic quantization of the linear layers
     limits: AudioLimits = field(default_factory=AudioLimits)
 
     @property
@@ -61,7 +62,8 @@ class ServerState:
     async def start(self) -> None:
         try:
             self.runtime = await asyncio.to_thread(
-                build_runtime, self.settings.model, self.settings.threads, self.settings.max_batch_size)
+                build_runtime, self.settings.model, self.settings.threads, self.settings.max_batch_size,
+                self.settings.quantize)
             self.warmup = await run_warmup(self.runtime.adapter, self.runtime.engine)
         except Exception as e:  # the server stays up and says why it is not ready
             log.exception("start-up failed")
