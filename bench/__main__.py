@@ -1,7 +1,7 @@
 """Side-by-side speed and quality: this service against faster-whisper and HF, one run, same weights.
 
     python -m bench            # full: 27 clips, 1/4/8/16 clients, 4 min long file, all systems
-    python -m bench --quick    # about 3-4 minutes: 12 clips, 1 and 8 clients, 2 min long file
+    python -m bench --quick    # about 4 minutes: 12 clips, 1 and 8 clients, 1 min long file
 
 Writes bench/results/<date>.json, .md and .png (throughput against concurrency).
 """
@@ -95,9 +95,11 @@ def _wav(audio: np.ndarray) -> bytes:
 def build_workloads(quick: bool, tmp: Path) -> dict[str, list[Request]]:
     clips = [c for c in all_clips() if not quick or c[0] in ("en", "es", "fr", "zh")]
     short = [Request(f"{lang}/{name}", lang, reference(lang, name), load_clip(lang, name)) for lang, name in clips]
-    # A long file of real English speech with silences between sentences.
-    english = [r for r in short if r.language == "en"]
-    target = 120 if quick else 240
+    # A long file of real English speech with silences between sentences. The counting clip is
+    # left out: the model writes it as "12345678910" or "1, 2, 3", and a normaliser cannot
+    # score that difference fairly over minutes of audio.
+    english = [r for r in short if r.language == "en" and not r.name.endswith("counting")]
+    target = 60 if quick else 240
     pieces, refs, t = [], [], 0.0
     while t < target:
         for r in english:
@@ -276,32 +278,34 @@ def encoder_efficiency() -> dict:
             "encoder_vs_matmul": round(enc / mm, 3)}
 
 
-def ratios(rows: list[Row], quick: bool, streaming: dict, encoder: dict) -> list[dict]:
+def ratios(rows: list[Row], streaming: dict, encoder: dict) -> list[dict]:
     def get(system, workload, c):
         return next((r for r in rows if r.system == system and r.workload == workload and r.concurrency == c), None)
 
-    top = 8
-    fw_best_short = max((r for r in rows if r.system.startswith("faster-whisper") and r.workload == "short"
-                         and r.concurrency == top), key=lambda r: r.rtfx)
-    fw_best_1 = min((r for r in rows if r.system.startswith("faster-whisper") and r.workload == "short"
-                     and r.concurrency == 1), key=lambda r: r.p50_s)
-    fused8, fused1 = get("service-fused", "short", top), get("service-fused", "short", 1)
-    out = [
-        ("service @8 throughput / faster-whisper best @8", fused8.rtfx / fw_best_short.rtfx, ">=", 2.0, fw_best_short.system),
-        ("service latency p50 @1 / faster-whisper best @1", fused1.p50_s / fw_best_1.p50_s, "<=", 1.0, fw_best_1.system),
-        ("fused / fixed-language throughput @8", fused8.rtfx / get("service-fixed", "short", top).rtfx, ">=", 0.95, ""),
-        ("fused / two-stage throughput @8", fused8.rtfx / get("service-two-stage", "short", top).rtfx, ">=", 1.5, ""),
+    top = max(r.concurrency for r in rows)
+    peers = [r for r in rows if r.system.startswith("faster-whisper") and r.workload == "short"]
+    fw_best_top = max((r for r in peers if r.concurrency == top), key=lambda r: r.rtfx)
+    fw_best_1 = min((r for r in peers if r.concurrency == 1), key=lambda r: r.p50_s)
+    out = []
+    for service in ("service-fused-int8", "service-fused"):
+        s_top, s_1 = get(service, "short", top), get(service, "short", 1)
+        out += [
+            (f"{service} @{top} throughput / faster-whisper best @{top}", s_top.rtfx / fw_best_top.rtfx, ">=", 2.0, fw_best_top.system),
+            (f"{service} latency p50 @1 / faster-whisper best @1", s_1.p50_s / fw_best_1.p50_s, "<=", 1.0, fw_best_1.system),
+        ]
+        for peer, want in (("faster-whisper-int8-batched", 1.0), ("faster-whisper-int8-sequential", 2.0)):
+            if (p := get(peer, "long", 1)) is not None:
+                out.append((f"long audio: {service} / {peer}", get(service, "long", 1).rtfx / p.rtfx, ">=", want, ""))
+        out.append((f"WER points: {service} - faster-whisper", 100 * ((s_top.wer or 0) - (fw_best_top.wer or 0)), "<=", 0.5, fw_best_top.system))
+        out.append((f"detection: {service} - faster-whisper", (s_top.detection or 0) - (fw_best_top.detection or 0), ">=", 0.0, fw_best_top.system))
+        out.append((f"peak RSS GB @{top} clients: {service}", s_top.peak_rss_mb / 1024, "<=", 1.5, ""))
+    fused = get("service-fused", "short", top)
+    out += [
+        (f"fused / fixed-language throughput @{top}", fused.rtfx / get("service-fixed", "short", top).rtfx, ">=", 0.95, "fp32"),
+        (f"fused / two-stage throughput @{top}", fused.rtfx / get("service-two-stage", "short", top).rtfx, ">=", 1.5, "fp32"),
+        ("streaming 60 s: first delta / full response", streaming["first_delta_s"] / streaming["full_s"], "<=", 0.5, "fp32"),
+        ("encoder GFLOP/s / matmul GFLOP/s", encoder["encoder_vs_matmul"], ">=", 0.70, "fp32"),
     ]
-    long_service = get("service-fused", "long", 1)
-    for peer, want in (("faster-whisper-int8-batched", 1.0), ("faster-whisper-int8-sequential", 2.0)):
-        if (p := get(peer, "long", 1)) is not None:
-            out.append((f"long audio: service / {peer}", long_service.rtfx / p.rtfx, ">=", want, ""))
-    out.append(("streaming 60 s: first delta / full response", streaming["first_delta_s"] / streaming["full_s"], "<=", 0.5, ""))
-    out.append(("WER points: service - faster-whisper", 100 * ((fused8.wer or 0) - (fw_best_short.wer or 0)), "<=", 0.5, fw_best_short.system))
-    out.append(("detection: service - faster-whisper", (fused8.detection or 0) - (fw_best_short.detection or 0), ">=", 0.0, fw_best_short.system))
-    most = max(r.concurrency for r in rows)
-    out.append((f"peak RSS GB @{most} clients", get("service-fused", "short", most).peak_rss_mb / 1024, "<=", 1.5, ""))
-    out.append(("encoder GFLOP/s / matmul GFLOP/s", encoder["encoder_vs_matmul"], ">=", 0.70, ""))
     return [{"target": name, "value": round(v, 3), "want": f"{op} {w}", "met": (v >= w) if op == ">=" else (v <= w), "versus": vs}
             for name, v, op, w, vs in out]
 
@@ -347,11 +351,13 @@ def main() -> None:
     print(f"short: {len(short)} clips, {sum(r.seconds for r in short):.0f} s; long: {long[0].seconds:.0f} s", flush=True)
     rows: list[Row] = []
 
+    top = levels[-1]
     fused = Service("service-fused")
     for c in levels:
         rows.append(measure(fused, "short", short, c, detect=True))
     rows.append(measure(fused, "long", long, 1, detect=True))
-    stream_req = Request("stream-60s", "en", "", long[0].audio[: 60 * 16000], wav=_wav(long[0].audio[: 60 * 16000]))
+    stream_req = Request("stream-60s", "en", "", long[0].audio[: 60 * 16000])
+    stream_req.wav = _wav(stream_req.audio)
     fused.stream_first_delta(short[0])
     first, full_stream = fused.stream_first_delta(stream_req)
     full = fused.run([stream_req], 1)[1]
@@ -359,24 +365,33 @@ def main() -> None:
     print(f"  streaming 60 s: first delta {first:.2f}s, stream end {full_stream:.2f}s, non-stream {full:.2f}s", flush=True)
     fused.stop()
 
+    int8 = Service("service-fused-int8", "--quantize", "int8")
+    rows += [measure(int8, "short", short, c, detect=True) for c in levels]
+    rows.append(measure(int8, "long", long, 1, detect=True))
+    int8.stop()
+    # The detection ratios compare like with like (fp32), at the top concurrency.
     fixed = Service("service-fixed", fixed_language=True)
-    rows += [measure(fixed, "short", short, c, detect=False) for c in levels]
+    rows += [measure(fixed, "short", short, c, detect=False) for c in (levels if not args.quick else [top])]
     fixed.stop()
     two = Service("service-two-stage", "--detection-mode", "two-stage")
-    rows += [measure(two, "short", short, c, detect=True) for c in levels]
+    rows += [measure(two, "short", short, c, detect=True) for c in (levels if not args.quick else [top])]
     two.stop()
 
     cores = str(os.cpu_count())
-    peers = [("faster-whisper-int8-sequential", ["--compute-type", "int8", "--threads", cores, "--num-workers", "1"]),
-             ("faster-whisper-int8-workers", ["--compute-type", "int8", "--threads", "1", "--num-workers", cores])]
-    if not args.quick:
-        peers += [("faster-whisper-f32-sequential", ["--compute-type", "float32", "--threads", cores, "--num-workers", "1"]),
-                  ("faster-whisper-f32-workers", ["--compute-type", "float32", "--threads", "1", "--num-workers", cores])]
-    for name, worker_args in peers:
-        peer = Peer(name, "faster-whisper", *worker_args)
-        rows += [measure(peer, "short", short, c, detect=True) for c in levels]
-        if "int8-sequential" in name:
+    # faster-whisper's configurations on this machine: one model and all threads (requests
+    # queue), or one worker per core; and its BatchedInferencePipeline for long audio.
+    sequential = ["--threads", cores, "--num-workers", "1"]
+    workers = ["--threads", "1", "--num-workers", cores]
+    precisions = ["int8"] if args.quick else ["int8", "float32"]
+    for precision in precisions:
+        short_name = "int8" if precision == "int8" else "f32"
+        peer = Peer(f"faster-whisper-{short_name}-sequential", "faster-whisper", "--compute-type", precision, *sequential)
+        rows += [measure(peer, "short", short, c, detect=True) for c in (levels if not args.quick else [1])]
+        if precision == "int8":
             rows.append(measure(peer, "long", long, 1, detect=True))
+        peer.stop()
+        peer = Peer(f"faster-whisper-{short_name}-workers", "faster-whisper", "--compute-type", precision, *workers)
+        rows += [measure(peer, "short", short, c, detect=True) for c in (levels if not args.quick else [top])]
         peer.stop()
     batched = Peer("faster-whisper-int8-batched", "faster-whisper", "--compute-type", "int8", "--threads", cores, "--batched")
     rows.append(measure(batched, "long", long, 1, detect=True))
@@ -396,7 +411,7 @@ def main() -> None:
         "streaming": streaming,
         "encoder": encoder,
     }
-    report["targets"] = ratios(rows, args.quick, streaming, encoder)
+    report["targets"] = ratios(rows, streaming, encoder)
     stem = f"{dt.date.today()}{'-quick' if args.quick else ''}"
     write_outputs(report, rows, stem)
     print((RESULTS / f"{stem}.md").read_text())
