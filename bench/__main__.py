@@ -282,7 +282,10 @@ def ratios(rows: list[Row], streaming: dict, encoder: dict) -> list[dict]:
     def get(system, workload, c):
         return next((r for r in rows if r.system == system and r.workload == workload and r.concurrency == c), None)
 
-    top = max(r.concurrency for r in rows)
+    # The issue's targets: throughput at 8 clients, memory at the most clients measured.
+    levels = {r.concurrency for r in rows if r.workload == "short"}
+    top = 8 if 8 in levels else max(levels)
+    most = max(levels)
     peers = [r for r in rows if r.system.startswith("faster-whisper") and r.workload == "short"]
     fw_best_top = max((r for r in peers if r.concurrency == top), key=lambda r: r.rtfx)
     fw_best_1 = min((r for r in peers if r.concurrency == 1), key=lambda r: r.p50_s)
@@ -298,7 +301,7 @@ def ratios(rows: list[Row], streaming: dict, encoder: dict) -> list[dict]:
                 out.append((f"long audio: {service} / {peer}", get(service, "long", 1).rtfx / p.rtfx, ">=", want, ""))
         out.append((f"WER points: {service} - faster-whisper", 100 * ((s_top.wer or 0) - (fw_best_top.wer or 0)), "<=", 0.5, fw_best_top.system))
         out.append((f"detection: {service} - faster-whisper", (s_top.detection or 0) - (fw_best_top.detection or 0), ">=", 0.0, fw_best_top.system))
-        out.append((f"peak RSS GB @{top} clients: {service}", s_top.peak_rss_mb / 1024, "<=", 1.5, ""))
+        out.append((f"peak RSS GB @{most} clients: {service}", get(service, "short", most).peak_rss_mb / 1024, "<=", 1.5, ""))
     fused = get("service-fused", "short", top)
     out += [
         (f"fused / fixed-language throughput @{top}", fused.rtfx / get("service-fixed", "short", top).rtfx, ">=", 0.95, "fp32"),
@@ -340,10 +343,22 @@ def write_outputs(report: dict, rows: list[Row], stem: str) -> None:
     fig.savefig(RESULTS / f"{stem}.png", dpi=110)
 
 
+def rescore(path: Path) -> None:
+    """Recompute the targets of a saved run (same measurements) and rewrite its .json and .md."""
+    report = json.loads(path.read_text())
+    rows = [Row(**{k: v for k, v in r.items() if k not in ("rtfx", "req_per_s")}) for r in report["rows"]]
+    report["targets"] = ratios(rows, report["streaming"], report["encoder"])
+    write_outputs(report, rows, path.stem)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rescore", type=Path, help="recompute the targets of a saved results .json")
     args = parser.parse_args()
+    if args.rescore:
+        rescore(args.rescore)
+        return
     levels = [1, 8] if args.quick else [1, 4, 8, 16]
     tmp = Path(tempfile.mkdtemp(prefix="asr-bench-"))
     workloads = build_workloads(args.quick, tmp)
