@@ -98,7 +98,10 @@ class _Sequence:
 
 
 class BatchEngine:
-    def __init__(self, model: Whisper, max_batch_size: int = 16, max_encode_batch: int = 4, threads: int | None = None):
+    # One encoder window per admission by default: on the CPU the encoder is compute-bound, so
+    # stacking windows gains nothing and multiplies activation memory (27 clips at once on 2
+    # cores: 0.868 s/clip and 1.52 GB RSS with 1, against 0.935 s/clip and 1.80 GB with 4).
+    def __init__(self, model: Whisper, max_batch_size: int = 16, max_encode_batch: int = 1, threads: int | None = None):
         self.model = model
         self.dims = model.dims
         self.max_batch_size = max_batch_size
