@@ -1,9 +1,9 @@
 """The decode loop: many sequences, one model, one thread.
 
-Continuous batching on torch: new sequences are admitted between steps (their encoder
-passes batched together, their cross-attention K/V computed once into a slot), and every
-step advances all active sequences by one token. Self-attention KV caches live in
-preallocated per-slot tensors; active sequences always occupy slots 0..n-1 (a finished
+Continuous batching on torch: new sequences are admitted between steps (up to
+``max_encode_batch`` encoder windows at a time, their cross-attention K/V computed once into a
+slot), and every step advances all active sequences by one token. KV caches live in per-slot
+tensors that grow with the load; active sequences always occupy slots 0..n-1 (a finished
 sequence's slot is filled by the last one), so each step works on plain views.
 
 Callers live on an asyncio loop; the model runs on a worker thread (torch releases the GIL
