@@ -23,10 +23,9 @@ from asr_service.runtime import build_runtime
 from asr_service.transcription import TranscriptionOptions
 
 from .clips import all_clips, load_clip, reference
+from .report import CHARACTER_SCORED  # scored by characters (CER), the rest by words
 from .textnorm import normalize as _normalize
 
-# Scripts without spaces are scored by characters (CER), the rest by words.
-CHARACTER_SCORED = {"zh", "ja"}
 
 
 def load_clips():

