@@ -45,6 +45,7 @@ class WhisperGrammars:
         )
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self._cache: dict[GrammarKey, xgr.CompiledGrammar] = {}
+        self._regexes: dict[GrammarKey, str] = {}
         self._lock = threading.Lock()
         self.compile_counts: Counter[GrammarKey] = Counter()
 
@@ -85,6 +86,12 @@ class WhisperGrammars:
 
     def regex(self, key: GrammarKey) -> str:
         """The same constraint as a byte-level regex (looser: see the module docstring)."""
+        if key not in self._regexes:  # keys are few and deterministic: build each once
+            self._regexes[key] = self._render_regex(key)
+        return self._regexes[key]
+
+    @staticmethod
+    def _render_regex(key: GrammarKey) -> str:
         if not key.languages:
             return r"[\s\S]*"
         langs = "|".join(re.escape(c) for c in key.languages)

@@ -51,10 +51,9 @@ async def stream_transcription(
     transcriber: Transcriber, audio: np.ndarray, options: TranscriptionOptions
 ) -> AsyncIterator[StreamItem]:
     adapter = transcriber.adapter
-    submitted = []
-    for chunk in transcriber.chunks(audio):
-        params = transcriber.params_for(options)
-        submitted.append((chunk, params, transcriber.engine.submit(chunk.samples, params)))
+    params = transcriber.params_for(options)  # the same prompt and grammar for every chunk
+    submitted = [(chunk, params, transcriber.engine.submit(chunk.samples, params))
+                 for chunk in transcriber.chunks(audio)]
     emitted = ""
     outcomes = []
     try:
