@@ -14,7 +14,12 @@ from adapters.base import UnsupportedLanguageError
 from .audio import AudioError, AudioLimits, decode_audio
 from .formats import RESPONSE_FORMATS, TIMED_FORMATS, render
 from .model_loading import DEFAULT_MODEL, ModelLoadError
+from .runtime import QUANTIZATIONS
 from .transcription import TranscriptionOptions
+
+
+QUANTIZE_HELP = ("int8: dynamic int8 linear layers (fastest on CPU); bf16: encoder matrix products in bfloat16 "
+                 "(for CPUs with AVX512-BF16 or AMX). Both change some transcripts; default: fp32")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--temperature", type=float, default=0.0)
     t.add_argument("--seed", type=int)
     t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
-    t.add_argument("--quantize", choices=("int8",), help="int8 dynamic quantization of linear layers (faster on CPU)")
+    t.add_argument("--quantize", choices=QUANTIZATIONS, help=QUANTIZE_HELP)
     t.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest input file in bytes")
     t.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
     t.add_argument("-v", "--verbose", action="store_true")
@@ -42,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", help="name listed by /v1/models (default: the --model value)")
     s.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     s.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
-    s.add_argument("--quantize", choices=("int8",), help="int8 dynamic quantization of linear layers (faster on CPU)")
+    s.add_argument("--quantize", choices=QUANTIZATIONS, help=QUANTIZE_HELP)
     s.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest upload in bytes")
     s.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
     s.add_argument("--detection-mode", choices=("fused", "two-stage"), default="fused",

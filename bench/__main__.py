@@ -95,10 +95,11 @@ def main() -> None:
     print(f"  streaming 60 s: first delta {first:.2f}s, stream end {full_stream:.2f}s, non-stream {full:.2f}s", flush=True)
     fused.stop()
 
-    int8 = Service("service-fused-int8", "--quantize", "int8")
-    rows += [measure(int8, "short", short, c, detect=True) for c in levels]
-    rows.append(measure(int8, "long", long, 1, detect=True))
-    int8.stop()
+    for precision in ("int8", "bf16"):
+        reduced = Service(f"service-fused-{precision}", "--quantize", precision)
+        rows += [measure(reduced, "short", short, c, detect=True) for c in levels]
+        rows.append(measure(reduced, "long", long, 1, detect=True))
+        reduced.stop()
     # The detection ratios compare like with like (fp32), at the top concurrency.
     fixed = Service("service-fixed", fixed_language=True)
     rows += [measure(fixed, "short", short, c, detect=False) for c in (levels if not args.quick else [top])]

@@ -73,8 +73,10 @@ def ratios(rows: list[Row], streaming: dict, encoder: dict) -> list[dict]:
     fw_best_top = max((r for r in peers if r.concurrency == top), key=lambda r: r.rtfx)
     fw_best_1 = min((r for r in peers if r.concurrency == 1), key=lambda r: r.p50_s)
     out = []
-    for service in ("service-fused-int8", "service-fused"):
+    for service in ("service-fused-int8", "service-fused-bf16", "service-fused"):
         s_top, s_1 = get(service, "short", top), get(service, "short", 1)
+        if s_top is None or s_1 is None:  # a results file from before this system was measured
+            continue
         out += [
             (f"{service} @{top} throughput / faster-whisper best @{top}", s_top.rtfx / fw_best_top.rtfx, ">=", 2.0, fw_best_top.system),
             (f"{service} latency p50 @1 / faster-whisper best @1", s_1.p50_s / fw_best_1.p50_s, "<=", 1.0, fw_best_1.system),

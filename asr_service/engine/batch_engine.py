@@ -101,8 +101,13 @@ class BatchEngine:
     # One encoder window per admission by default: on the CPU the encoder is compute-bound, so
     # stacking windows gains nothing and multiplies activation memory (27 clips at once on 2
     # cores: 0.868 s/clip and 1.52 GB RSS with 1, against 0.935 s/clip and 1.80 GB with 4).
-    def __init__(self, model: Whisper, max_batch_size: int = 16, max_encode_batch: int = 1, threads: int | None = None):
+    # encoder_dtype=torch.bfloat16 runs the encoder's matrix products in bfloat16 (autocast):
+    # measured 1.4-1.8x faster per window on an AVX512-BF16 CPU, relative output error ~1%. The
+    # decoder stays fp32: its attention over the cross cache measured ~2x slower in bf16.
+    def __init__(self, model: Whisper, max_batch_size: int = 16, max_encode_batch: int = 1, threads: int | None = None,
+                 encoder_dtype: torch.dtype | None = None):
         self.model = model
+        self.encoder_dtype = encoder_dtype
         self.dims = model.dims
         self.max_batch_size = max_batch_size
         self.max_encode_batch = max_encode_batch
@@ -177,33 +182,47 @@ class BatchEngine:
         for seq in list(self._pending) + self._active:
             self._finish_unslotted(seq, "cancelled")
 
-    def _ensure_capacity(self, slots: int) -> None:
-        """Grow the per-slot caches to hold ``slots`` sequences (powers of two up to the batch
-        limit), keeping the active slots' contents: memory follows the load actually seen."""
-        have = 0 if self._self_kv is None else self._self_kv[0][0].shape[0]
-        if slots <= have:
-            return
-        capacity = min(self.max_batch_size, 1 << (slots - 1).bit_length())
+    def _ensure_capacity(self, slots: int, length: int = 1) -> None:
+        """Grow the per-slot caches to hold ``slots`` sequences and ``length`` self-attention
+        positions (powers of two up to the limits), keeping the active slots' contents: memory
+        follows the load and the sequence lengths actually seen. Layers are replaced one at a
+        time so a growth never holds two full copies of the caches."""
         d = self.dims
+        have_slots = 0 if self._self_kv is None else self._self_kv[0][0].shape[0]
+        have_length = 0 if self._self_kv is None else self._self_kv[0][0].shape[2]
+        if slots <= have_slots and length <= have_length:
+            return
+        capacity = max(have_slots, min(self.max_batch_size, _next_power_of_two(slots)))
+        self_length = max(have_length, min(d.n_text_ctx, _next_power_of_two(max(length, 64))))
         hd = d.n_text_state // d.n_text_head
         n = len(self._active)
 
-        def grow(old, length: int):
-            new = torch.zeros(capacity, d.n_text_head, length, hd)
+        def grow(old, positions: int):
+            new = torch.zeros(capacity, d.n_text_head, positions, hd)
             if old is not None and n:
-                new[:n] = old[:n]
+                keep = min(positions, old.shape[2])
+                new[:n, :, :keep] = old[:n, :, :keep]
             return new
 
-        old_self = self._self_kv or [(None, None)] * d.n_text_layer
-        old_cross = self._cross_kv or [(None, None)] * d.n_text_layer
-        self._self_kv = [(grow(k, d.n_text_ctx), grow(v, d.n_text_ctx)) for k, v in old_self]
-        self._cross_kv = [(grow(k, d.n_audio_ctx), grow(v, d.n_audio_ctx)) for k, v in old_cross]
-        log.info("decode caches grown to %d slots", capacity)
+        if self._self_kv is None:
+            self._self_kv = [(None, None)] * d.n_text_layer
+            self._cross_kv = [(None, None)] * d.n_text_layer
+        for i in range(d.n_text_layer):
+            k, v = self._self_kv[i]
+            self._self_kv[i] = None  # drop our reference first: the old layer is freed as soon as copied
+            self._self_kv[i] = (grow(k, self_length), grow(v, self_length))
+            if capacity != have_slots:
+                k, v = self._cross_kv[i]
+                self._cross_kv[i] = None
+                self._cross_kv[i] = (grow(k, d.n_audio_ctx), grow(v, d.n_audio_ctx))
+            del k, v
+        log.info("decode caches grown to %d slots x %d positions", capacity, self_length)
 
     def _admit(self, seqs: list[_Sequence]) -> None:
-        self._ensure_capacity(len(self._active) + len(seqs))
+        self._ensure_capacity(len(self._active) + len(seqs), max(len(s.tokens) for s in seqs))
         mel = torch.stack([log_mel_spectrogram(s.audio, self.dims.n_mels) for s in seqs])
-        audio_features = self.model.encoder(mel)
+        with torch.autocast("cpu", dtype=self.encoder_dtype or torch.bfloat16, enabled=self.encoder_dtype is not None):
+            audio_features = self.model.encoder(mel).float()
         first = len(self._active)
         for layer, (ck, cv) in zip(self.model.decoder.layers, self._cross_kv):
             k, v = layer.cross_kv_for(audio_features)
@@ -240,6 +259,7 @@ class BatchEngine:
         positions = torch.tensor([[len(s.tokens) - 1] for s in seqs])
         tokens = torch.tensor([[s.tokens[-1]] for s in seqs])
         ctx = int(positions.max()) + 1
+        self._ensure_capacity(n, ctx)
         caches = [(k[:n, :, :ctx], v[:n, :, :ctx]) for k, v in self._self_kv]
         cross = [(k[:n], v[:n]) for k, v in self._cross_kv]
         mask = (torch.arange(ctx)[None, :] <= positions)[:, None, None, :]
@@ -324,6 +344,10 @@ class BatchEngine:
         seq.stream.result.finish_reason = reason
         seq.stream.result.error = error
         seq.stream._emit(None)
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 def _sample_one(logits: torch.Tensor, params: DecodeParams, generator: torch.Generator) -> int:

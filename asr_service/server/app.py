@@ -39,7 +39,7 @@ class ServerSettings:
     max_batch_size: int = 16
     # "two-stage" (a separate detection decode) exists only as a baseline for bench/.
     detection: str = "fused"
-    quantize: str | None = None  # "int8": dynamic quantization of the linear layers
+    quantize: str | None = None  # see runtime.QUANTIZATIONS
     limits: AudioLimits = field(default_factory=AudioLimits)
 
     @property
