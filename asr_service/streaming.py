@@ -4,7 +4,9 @@ All chunks are submitted at once (they decode together in the engine's batch) an
 in order. Nothing reaches the caller before the adapter has parsed the prefix; deltas never
 carry special tokens (the adapter decodes text tokens only); their concatenation is the final
 text. A stream that ends before the prefix parses yields one StreamFailed, never an empty
-success.
+success. A window whose no-speech probability is high holds its text until the decode ends
+and sends it only if the decode was confident (silence gives no invented text). Streaming does
+not retry hotter (temperature fallback): deltas are never taken back.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import AsyncIterator
 
 import numpy as np
 
+from .fallback import is_silent
 from .transcription import Transcriber, TranscriptionOptions, TranscriptionResult
 
 DETECTION_FAILED = "language auto-detect failed: forced-prefix sentinel was not produced before stream end"
@@ -47,6 +50,16 @@ def _visible(decoded: str) -> str:
     return decoded.rstrip("\ufffd").strip()
 
 
+def _next_delta(decoded: str, sent: str, emitted: str, joiner: str) -> tuple[str, str]:
+    """(delta to send, visible text of the chunk sent after it): only text that extends what
+    was sent goes out; a chunk's first delta carries the joiner after earlier chunks."""
+    visible = _visible(decoded)
+    if not visible.startswith(sent) or len(visible) <= len(sent):
+        return "", sent
+    separator = joiner if not sent and emitted else ""
+    return separator + visible[len(sent):], visible
+
+
 async def stream_transcription(
     transcriber: Transcriber, audio: np.ndarray, options: TranscriptionOptions
 ) -> AsyncIterator[StreamItem]:
@@ -56,6 +69,7 @@ async def stream_transcription(
                  for chunk in transcriber.chunks(audio)]
     emitted = ""
     outcomes = []
+    thresholds = options.thresholds
     try:
         for chunk, params, stream in submitted:
             need = adapter.forced_prefix_tokens(params)
@@ -63,7 +77,7 @@ async def stream_transcription(
             body_start: int | None = 0 if need == 0 else None
             language = options.language
             sent = ""  # visible text of this chunk already sent
-            separator = ""
+            hold = False  # a window that may hold no speech: its text waits for the verdict
             async for event in stream:
                 tokens.append(event.token_id)
                 if body_start is None:
@@ -74,21 +88,26 @@ async def stream_transcription(
                         yield StreamFailed(f"{DETECTION_FAILED} ({head.failure})")
                         return
                     body_start, language = head.prefix_length, head.language
-                visible = _visible(adapter.decode_text(tokens[body_start:]))
-                if visible.startswith(sent) and len(visible) > len(sent):
-                    if not sent and emitted:
-                        separator = adapter.joiner(language)
-                    delta = separator + visible[len(sent):]
-                    separator, sent = "", visible
-                    emitted += delta
-                    yield TextDelta(delta)
+                    no_speech = adapter.no_speech_probability(stream.result.probe_probs)
+                    hold = thresholds.no_speech is not None and no_speech is not None and no_speech > thresholds.no_speech
+                if not hold:
+                    delta, sent = _next_delta(adapter.decode_text(tokens[body_start:]), sent, emitted, adapter.joiner(language))
+                    if delta:
+                        emitted += delta
+                        yield TextDelta(delta)
             result = stream.result
             if result.finish_reason in ("error", "cancelled"):
                 raise RuntimeError(f"decode {result.finish_reason}: {result.error or 'no result'}")
             if body_start is None:
                 yield StreamFailed(DETECTION_FAILED)
                 return
-            outcomes.append(transcriber.outcome(chunk, params, result, options))
+            outcome = transcriber.outcome(chunk, params, result, options)
+            outcomes.append(outcome)
+            if hold and not is_silent(outcome.figures, thresholds):
+                delta, sent = _next_delta(adapter.decode_text(tokens[body_start:]), sent, emitted, adapter.joiner(language))
+                if delta:
+                    emitted += delta
+                    yield TextDelta(delta)
         final = transcriber.assemble(outcomes, options, audio.shape[0] / adapter.config.sample_rate)
         yield StreamDone(
             text=emitted,

@@ -7,17 +7,18 @@ batch; results are put back in order with their true time offsets.
 from __future__ import annotations
 
 import asyncio
-import zlib
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
-from adapters.base import TranscriptionAdapter
+from adapters.base import ParsedOutput, TranscriptionAdapter
 
 from .chunking import AudioChunk, split_audio
 from .engine.batch_engine import BatchEngine
 from .engine.params import DecodeParams, SequenceResult
+from .fallback import DecodeFigures, QualityThresholds, compression_ratio, is_silent, needs_fallback, pick_best
+from .language_vote import is_outlier, vote
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class TranscriptionOptions:
     task: str = "transcribe"
     language: str | None = None  # None: fused detection in the same decode
     timestamps: bool = False
-    previous_text: str | None = None
+    previous_text: str | None = None  # the request's prompt: conditions every chunk
     candidate_languages: tuple[str, ...] | None = None
     temperature: float = 0.0
     top_k: int | None = None
@@ -35,6 +36,18 @@ class TranscriptionOptions:
     # "fused" (one decode per chunk) or "two-stage" (a detection decode, then the
     # transcription: a baseline for bench/, never the default).
     detection: str = "fused"
+    # At temperature 0, a chunk that fails the thresholds is decoded again at these.
+    fallback_temperatures: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
+    thresholds: QualityThresholds = QualityThresholds()
+    # Each chunk keeps the language it detected (code-switching audio) instead of the vote.
+    detect_language_per_chunk: bool = False
+    # Condition each chunk on the text of the one before (chunks then decode one by one).
+    condition_on_previous_text: bool = False
+    hotwords: str | None = None  # words to favour, given to the model as context
+
+
+# faster-whisper's rule: context decoded this hot is too unreliable to condition the next chunk.
+PROMPT_RESET_TEMPERATURE = 0.5
 
 
 @dataclass
@@ -65,16 +78,15 @@ class TranscriptionResult:
 
 
 @dataclass
-class _ChunkOutcome:
+class ChunkOutcome:
+    """One chunk's kept decode, parsed, with the figures the fallback policy judged it by."""
+
     chunk: AudioChunk
     params: DecodeParams
     result: SequenceResult
     language_probs: dict[str, float]
-
-
-def compression_ratio(text: str) -> float:
-    data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data)) if data else 0.0
+    parsed: ParsedOutput
+    figures: DecodeFigures
 
 
 class Transcriber:
@@ -88,13 +100,15 @@ class Transcriber:
             return [AudioChunk(0, audio[: int(cfg.max_clip_seconds * cfg.sample_rate)], cfg.sample_rate)]
         return split_audio(audio, cfg.sample_rate, cfg.max_clip_seconds)
 
-    def params_for(self, options: TranscriptionOptions, language: str | None = None) -> DecodeParams:
+    def params_for(self, options: TranscriptionOptions, language: str | None = None,
+                   previous_text: str | None = None) -> DecodeParams:
         language = language or options.language
+        context = " ".join(t.strip() for t in (options.hotwords, previous_text or options.previous_text) if t and t.strip())
         if language is not None:
-            params = self.adapter.build_prompt(language, options.task, options.timestamps, options.previous_text)
+            params = self.adapter.build_prompt(language, options.task, options.timestamps, context or None)
         else:
             params = self.adapter.build_fused_autodetect_params(
-                options.task, options.timestamps, options.candidate_languages, options.previous_text
+                options.task, options.timestamps, options.candidate_languages, context or None
             )
         changes = {"temperature": options.temperature, "seed": options.seed, "top_k": options.top_k, "top_p": options.top_p}
         if options.max_new_tokens is not None:
@@ -107,11 +121,7 @@ class Transcriber:
         probs = self.adapter.language_probabilities(result.probe_probs, options.candidate_languages)
         return max(probs, key=probs.get) if probs else None
 
-    async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions) -> _ChunkOutcome:
-        language = None
-        if options.language is None and options.detection == "two-stage":
-            language = await self._detect_two_stage(chunk, options)
-        params = self.params_for(options, language)
+    async def _run(self, chunk: AudioChunk, params: DecodeParams, options: TranscriptionOptions) -> ChunkOutcome:
         stream = self.engine.submit(chunk.samples, params)
         try:
             result = await stream.collect()
@@ -119,10 +129,45 @@ class Transcriber:
             stream.cancel()  # no-op when finished; frees the slot if the caller was cancelled
         return self.outcome(chunk, params, result, options)
 
+    async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions,
+                            previous_text: str | None = None) -> ChunkOutcome:
+        language = options.language
+        if language is None and options.detection == "two-stage":
+            language = await self._detect_two_stage(chunk, options)
+        first = await self._run(chunk, self.params_for(options, language, previous_text), options)
+        if options.temperature > 0:
+            return first  # the caller chose sampling: no fallback
+        attempts = [first]
+        # Retries keep the first decode's prefix: its language goes into the prompt, and the
+        # (fixed-language) grammar still holds the text to the model's token rules.
+        language = language or first.parsed.language
+        for i, temperature in enumerate(options.fallback_temperatures):
+            if not needs_fallback(attempts[-1].figures, options.thresholds):
+                break
+            seed = None if options.seed is None else options.seed + i + 1
+            params = replace(self.params_for(options, language, previous_text), temperature=temperature, seed=seed,
+                             top_k=None, top_p=None)
+            attempts.append(await self._run(chunk, params, options))
+        kept = attempts[pick_best([a.figures for a in attempts], options.thresholds)]
+        kept.language_probs = first.language_probs  # the detection is the first decode's
+        return kept
+
     def outcome(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult,
-                options: TranscriptionOptions) -> "_ChunkOutcome":
-        probs = self.adapter.language_probabilities(result.probe_probs, options.candidate_languages)
-        return _ChunkOutcome(chunk, params, result, probs)
+                options: TranscriptionOptions) -> ChunkOutcome:
+        if result.finish_reason in ("error", "cancelled"):
+            raise RuntimeError(f"decode {result.finish_reason}: {result.error or 'no result'}")
+        adapter = self.adapter
+        parsed = adapter.parse_output(result.token_ids, params)
+        text_logprobs = result.logprobs[parsed.prefix_length :]
+        figures = DecodeFigures(
+            temperature=params.temperature,
+            avg_logprob=sum(text_logprobs) / max(1, len(text_logprobs)),
+            compression_ratio=compression_ratio(parsed.text or ""),
+            no_speech_prob=adapter.no_speech_probability(result.probe_probs),
+            parsed=parsed.failure is None,
+        )
+        probs = adapter.language_probabilities(result.probe_probs, options.candidate_languages)
+        return ChunkOutcome(chunk, params, result, probs, parsed, figures)
 
     async def transcribe(
         self, audio: np.ndarray, options: TranscriptionOptions = TranscriptionOptions(),
@@ -130,58 +175,80 @@ class Transcriber:
     ) -> TranscriptionResult:
         chunks = self.chunks(audio)
 
-        async def run(chunk: AudioChunk) -> _ChunkOutcome:
-            outcome = await self._decode_chunk(chunk, options)
+        async def run(chunk: AudioChunk, previous_text: str | None = None) -> ChunkOutcome:
+            outcome = await self._decode_chunk(chunk, options, previous_text)
             if on_chunk_done:
                 on_chunk_done(chunk)
             return outcome
 
-        outcomes = await asyncio.gather(*(run(c) for c in chunks))
+        if options.condition_on_previous_text:
+            outcomes, previous = [], None
+            for chunk in chunks:  # each chunk needs the text before it: one at a time
+                outcome = await run(chunk, previous)
+                outcomes.append(outcome)
+                if is_silent(outcome.figures, options.thresholds):
+                    continue
+                previous = None if outcome.figures.temperature > PROMPT_RESET_TEMPERATURE else outcome.parsed.text
+        else:
+            outcomes = list(await asyncio.gather(*(run(c) for c in chunks)))
+        await self._settle_language(outcomes, options)
         return self.assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate)
 
-    def assemble(self, outcomes: list[_ChunkOutcome], options: TranscriptionOptions, duration: float) -> TranscriptionResult:
+    def _vote(self, outcomes: list[ChunkOutcome], options: TranscriptionOptions) -> tuple[str | None, float | None]:
+        """The request's language: chunks that hold speech vote (all of them when none does)."""
+        parsed = [o for o in outcomes if o.figures.parsed]
+        speech = [o for o in parsed if not is_silent(o.figures, options.thresholds)] or parsed
+        return vote([(o.language_probs, o.chunk.duration) for o in speech], options.language)
+
+    async def _settle_language(self, outcomes: list[ChunkOutcome], options: TranscriptionOptions) -> None:
+        """Decode again, with the request's language, the chunks whose detection is an outlier."""
+        if options.language is not None or options.detect_language_per_chunk or len(outcomes) < 2:
+            return
+        language, _ = self._vote(outcomes, options)
+        redo = [i for i, o in enumerate(outcomes)
+                if not is_silent(o.figures, options.thresholds) and is_outlier(o.parsed.language, o.language_probs, language)]
+        if not redo:
+            return
+        fixed = replace(options, language=language, detection="fused")
+        again = await asyncio.gather(*(self._decode_chunk(outcomes[i].chunk, fixed) for i in redo))
+        for i, outcome in zip(redo, again):
+            outcome.language_probs = outcomes[i].language_probs  # what the chunk itself heard
+            outcomes[i] = outcome
+
+    def assemble(self, outcomes: list[ChunkOutcome], options: TranscriptionOptions, duration: float) -> TranscriptionResult:
         adapter = self.adapter
         segments: list[Segment] = []
         chunk_texts: list[tuple[str | None, str]] = []
         failures: list[str] = []
-        votes: dict[str, float] = {}
         for outcome in outcomes:
-            chunk, result = outcome.chunk, outcome.result
-            if result.finish_reason in ("error", "cancelled"):
-                raise RuntimeError(f"decode {result.finish_reason}: {result.error or 'no result'}")
-            parsed = adapter.parse_output(result.token_ids, outcome.params)
+            chunk, parsed, figures = outcome.chunk, outcome.parsed, outcome.figures
             if parsed.failure is not None:
                 failures.append(f"chunk at {chunk.start:.2f}s: {parsed.failure}")
                 continue
-            for code, p in outcome.language_probs.items():
-                votes[code] = votes.get(code, 0.0) + p * chunk.duration
-            text_logprobs = result.logprobs[parsed.prefix_length :]
-            avg_logprob = sum(text_logprobs) / max(1, len(text_logprobs))
-            no_speech = adapter.no_speech_probability(result.probe_probs)
+            if is_silent(figures, options.thresholds):
+                continue  # no speech: no invented text
             for s in parsed.segments:
                 start = chunk.start + (s.start or 0.0)
                 end = chunk.start + s.end if s.end is not None else chunk.end
                 segments.append(Segment(
                     id=len(segments), seek=chunk.start_sample // 160, start=round(start, 3),
                     end=round(max(end, start), 3), text=s.text, tokens=s.token_ids,
-                    temperature=options.temperature, avg_logprob=avg_logprob,
-                    compression_ratio=compression_ratio(s.text), no_speech_prob=no_speech,
+                    temperature=figures.temperature, avg_logprob=figures.avg_logprob,
+                    compression_ratio=compression_ratio(s.text), no_speech_prob=figures.no_speech_prob,
                     language=parsed.language,
                 ))
-            chunk_texts.append((parsed.language, parsed.text or ""))
+            if parsed.text:
+                chunk_texts.append((parsed.language, parsed.text))
 
-        if options.language is not None:
-            language = options.language
-        elif votes:
-            language = max(votes, key=votes.get)
-        else:
-            language = None
-        total = sum(votes.values())
-        probability = round(votes[language] / total, 4) if language in votes and total > 0 else None
-        joiner = adapter.joiner(language)
-        text = joiner.join(t for _, t in chunk_texts if t).strip()
+        language, probability = self._vote(outcomes, options)
+        text = ""
+        for i, (chunk_language, chunk_text) in enumerate(chunk_texts):
+            if i:
+                same = chunk_language == chunk_texts[i - 1][0]
+                text += adapter.joiner(chunk_language if same else None)
+            text += chunk_text
         return TranscriptionResult(
-            task=options.task, text=text, language=language, language_probability=probability,
+            task=options.task, text=text.strip(), language=language, language_probability=probability,
             duration=round(duration, 3), segments=segments,
             detection_failure="; ".join(failures) if failures else None,
         )

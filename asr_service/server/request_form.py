@@ -1,7 +1,8 @@
 """Multipart form -> validated transcription request, exactly as the OpenAI SDK sends it.
 
 Lists arrive as ``timestamp_granularities[]`` / ``include[]`` (bare names accepted too) and
-booleans as "true"/"false". Each bad field becomes a 400 that names it.
+booleans as "true"/"false". Each bad field becomes a 400 that names it. Beyond OpenAI's fields,
+the decode options of faster-whisper and vLLM users know are accepted under their names.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from adapters.base import TranscriptionAdapter, UnsupportedLanguageError
 
+from ..fallback import QualityThresholds
 from ..formats import RESPONSE_FORMATS, TIMED_FORMATS
 from ..transcription import TranscriptionOptions
 from .errors import OpenAIError
@@ -46,10 +48,10 @@ def _text(form: FormData, name: str) -> str | None:
     return value or None
 
 
-def _bool(form: FormData, name: str) -> bool:
+def _bool(form: FormData, name: str, default: bool = False) -> bool:
     value = _text(form, name)
     if value is None:
-        return False
+        return default
     if value.lower() in ("true", "1"):
         return True
     if value.lower() in ("false", "0"):
@@ -68,6 +70,10 @@ def _number(form: FormData, name: str, kind, low=None, high=None):
     if (low is not None and number < low) or (high is not None and number > high):
         raise _bad(name, f"{name} must be between {low} and {high}, got {value}")
     return number
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task: str) -> TranscriptionRequest:
@@ -110,6 +116,12 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
                    code="unsupported_value")
 
     top_k = _number(form, "top_k", int, -1, 100000)
+    defaults = QualityThresholds()
+    thresholds = QualityThresholds(
+        compression_ratio=_or(_number(form, "compression_ratio_threshold", float, 0.0, 1000.0), defaults.compression_ratio),
+        log_prob=_or(_number(form, "log_prob_threshold", float, -1000.0, 0.0), defaults.log_prob),
+        no_speech=_or(_number(form, "no_speech_threshold", float, 0.0, 1.0), defaults.no_speech),
+    )
     max_tokens = _number(form, "max_completion_tokens", int, 1, 100000)
     options = TranscriptionOptions(
         task=task,
@@ -121,6 +133,11 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         top_p=_number(form, "top_p", float, 0.0, 1.0),
         seed=_number(form, "seed", int, 0, 2**63 - 1),
         max_new_tokens=max_tokens,
+        thresholds=thresholds,
+        fallback_temperatures=TranscriptionOptions.fallback_temperatures if _bool(form, "temperature_fallback", True) else (),
+        detect_language_per_chunk=_bool(form, "detect_language_per_chunk"),
+        condition_on_previous_text=_bool(form, "condition_on_previous_text"),
+        hotwords=_text(form, "hotwords"),
     )
     return TranscriptionRequest(
         file=file,

@@ -1,0 +1,67 @@
+"""When a chunk's decode is not good enough: temperature fallback and no-speech decisions.
+
+Pure policy over a finished decode's figures, as faster-whisper and openai/whisper define it:
+a decode whose text compresses too well (a repetition loop) or whose tokens are on average
+unlikely is tried again at the next temperature; a window the model thinks holds no speech,
+decoded with low confidence, yields no text at all (and is not retried).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QualityThresholds:
+    compression_ratio: float | None = 2.4  # above: a repetition loop
+    log_prob: float | None = -1.0  # average log-probability below: unreliable text
+    no_speech: float | None = 0.6  # no-speech probability above (with low log-prob): silence
+
+
+@dataclass(frozen=True)
+class DecodeFigures:
+    """What the policy looks at in one decode of one chunk."""
+
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float | None
+    parsed: bool  # the output parsed (a fused prefix that came apart always retries)
+
+
+def compression_ratio(text: str) -> float:
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def is_silent(f: DecodeFigures, t: QualityThresholds) -> bool:
+    """No speech: the no-speech probability is high and the text is not confidently decoded."""
+    if t.no_speech is None or f.no_speech_prob is None or f.no_speech_prob <= t.no_speech:
+        return False
+    return t.log_prob is None or f.avg_logprob < t.log_prob
+
+
+def needs_fallback(f: DecodeFigures, t: QualityThresholds) -> bool:
+    if not f.parsed:
+        return True
+    if is_silent(f, t):
+        return False  # a hotter decode of silence only invents more confidently
+    if t.compression_ratio is not None and f.compression_ratio > t.compression_ratio:
+        return True
+    return t.log_prob is not None and f.avg_logprob < t.log_prob
+
+
+def pick_best(attempts: list[DecodeFigures], t: QualityThresholds) -> int:
+    """Index of the decode to keep: the first that passes; if none does, the most likely one
+    among those that are not loops (faster-whisper's choice), else the most likely of all."""
+    for i, f in enumerate(attempts):
+        if not needs_fallback(f, t):
+            return i
+    candidates = [i for i, f in enumerate(attempts) if f.parsed]
+    if t.compression_ratio is not None:
+        not_loops = [i for i in candidates if attempts[i].compression_ratio <= t.compression_ratio]
+        candidates = not_loops or candidates
+    if not candidates:
+        return 0
+    return max(candidates, key=lambda i: attempts[i].avg_logprob)
