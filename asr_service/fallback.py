@@ -28,6 +28,7 @@ class DecodeFigures:
     compression_ratio: float
     no_speech_prob: float | None
     parsed: bool  # the output parsed (a fused prefix that came apart always retries)
+    speech_found: bool = True  # False: the speech gate heard none, and nothing was decoded
 
 
 def compression_ratio(text: str) -> float:
@@ -35,8 +36,16 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
+def may_be_silent(no_speech_prob: float | None, t: QualityThresholds) -> bool:
+    """What is known before the text is decoded: is_silent can still come out true."""
+    return t.no_speech is not None and no_speech_prob is not None and no_speech_prob > t.no_speech
+
+
 def is_silent(f: DecodeFigures, t: QualityThresholds) -> bool:
-    """No speech: the no-speech probability is high and the text is not confidently decoded."""
+    """No speech: the speech gate heard none, or the no-speech probability is high and the
+    text is not confidently decoded."""
+    if not f.speech_found:
+        return True
     if t.no_speech is None or f.no_speech_prob is None or f.no_speech_prob <= t.no_speech:
         return False
     return t.log_prob is None or f.avg_logprob < t.log_prob

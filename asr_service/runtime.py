@@ -10,6 +10,7 @@ from adapters import WhisperAdapter
 
 from .engine.batch_engine import BatchEngine
 from .model_loading import DEFAULT_MODEL, LoadedModel, load_model, return_freed_memory
+from .speech_gate import SpeechGate
 from .transcription import Transcriber
 
 
@@ -46,4 +47,4 @@ def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_ba
     # Threads: all cores by default; more processes or threads than cores only add contention.
     engine = BatchEngine(loaded.model, max_batch_size=max_batch_size, threads=threads or os.cpu_count(),
                          encoder_dtype=encoder_dtype)
-    return Runtime(loaded, adapter, engine, Transcriber(engine, adapter))
+    return Runtime(loaded, adapter, engine, Transcriber(engine, adapter, SpeechGate()))

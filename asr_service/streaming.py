@@ -11,12 +11,13 @@ not retry hotter (temperature fallback): deltas are never taken back.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator
 
 import numpy as np
 
-from .fallback import is_silent
+from .fallback import is_silent, may_be_silent
 from .transcription import Transcriber, TranscriptionOptions, TranscriptionResult
 
 DETECTION_FAILED = "language auto-detect failed: forced-prefix sentinel was not produced before stream end"
@@ -65,13 +66,18 @@ async def stream_transcription(
 ) -> AsyncIterator[StreamItem]:
     adapter = transcriber.adapter
     params = transcriber.params_for(options)  # the same prompt and grammar for every chunk
-    submitted = [(chunk, params, transcriber.engine.submit(chunk.samples, params))
-                 for chunk in transcriber.chunks(audio)]
+    chunks = transcriber.chunks(audio)
+    speech = await asyncio.gather(*(transcriber.hears_speech(c, options) for c in chunks))
+    submitted = [(chunk, params, transcriber.engine.submit(chunk.samples, params) if heard else None)
+                 for chunk, heard in zip(chunks, speech)]
     emitted = ""
     outcomes = []
     thresholds = options.thresholds
     try:
         for chunk, params, stream in submitted:
+            if stream is None:  # no speech in this window: nothing decoded, nothing sent
+                outcomes.append(transcriber.no_speech_outcome(chunk))
+                continue
             need = adapter.forced_prefix_tokens(params)
             tokens: list[int] = []
             body_start: int | None = 0 if need == 0 else None
@@ -88,8 +94,7 @@ async def stream_transcription(
                         yield StreamFailed(f"{DETECTION_FAILED} ({head.failure})")
                         return
                     body_start, language = head.prefix_length, head.language
-                    no_speech = adapter.no_speech_probability(stream.result.probe_probs)
-                    hold = thresholds.no_speech is not None and no_speech is not None and no_speech > thresholds.no_speech
+                    hold = may_be_silent(adapter.no_speech_probability(stream.result.probe_probs), thresholds)
                 if not hold:
                     delta, sent = _next_delta(adapter.decode_text(tokens[body_start:]), sent, emitted, adapter.joiner(language))
                     if delta:
@@ -112,9 +117,10 @@ async def stream_transcription(
         yield StreamDone(
             text=emitted,
             result=final,
-            prompt_tokens=sum(len(p.prompt_ids) for _, p, _ in submitted),
-            output_tokens=sum(len(s.result.token_ids) for _, _, s in submitted),
+            prompt_tokens=sum(len(p.prompt_ids) for _, p, s in submitted if s is not None),
+            output_tokens=sum(len(s.result.token_ids) for _, _, s in submitted if s is not None),
         )
     finally:
         for _, _, stream in submitted:
-            stream.cancel()  # a caller that went away frees every slot of its request
+            if stream is not None:
+                stream.cancel()  # a caller that went away frees every slot of its request

@@ -19,6 +19,7 @@ from .engine.batch_engine import BatchEngine
 from .engine.params import DecodeParams, SequenceResult
 from .fallback import DecodeFigures, QualityThresholds, compression_ratio, is_silent, needs_fallback, pick_best
 from .language_vote import is_outlier, vote
+from .speech_gate import SpeechGate
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class TranscriptionOptions:
     # Condition each chunk on the text of the one before (chunks then decode one by one).
     condition_on_previous_text: bool = False
     hotwords: str | None = None  # words to favour, given to the model as context
+    # Windows in which the speech gate (Silero VAD) hears no speech are not decoded at all.
+    vad_filter: bool = True
 
 
 # faster-whisper's rule: context decoded this hot is too unreliable to condition the next chunk.
@@ -82,7 +85,7 @@ class ChunkOutcome:
     """One chunk's kept decode, parsed, with the figures the fallback policy judged it by."""
 
     chunk: AudioChunk
-    params: DecodeParams
+    params: DecodeParams | None  # None: the speech gate heard no speech, nothing was decoded
     result: SequenceResult
     language_probs: dict[str, float]
     parsed: ParsedOutput
@@ -90,9 +93,21 @@ class ChunkOutcome:
 
 
 class Transcriber:
-    def __init__(self, engine: BatchEngine, adapter: TranscriptionAdapter):
+    def __init__(self, engine: BatchEngine, adapter: TranscriptionAdapter, gate: SpeechGate | None = None):
         self.engine = engine
         self.adapter = adapter
+        self.gate = gate
+
+    async def hears_speech(self, chunk: AudioChunk, options: TranscriptionOptions) -> bool:
+        if self.gate is None or not options.vad_filter:
+            return True
+        return await asyncio.to_thread(self.gate.has_speech, chunk.samples)  # CPU work: off the event loop
+
+    @staticmethod
+    def no_speech_outcome(chunk: AudioChunk) -> ChunkOutcome:
+        figures = DecodeFigures(temperature=0.0, avg_logprob=0.0, compression_ratio=0.0, no_speech_prob=None,
+                                parsed=True, speech_found=False)
+        return ChunkOutcome(chunk, None, SequenceResult(finish_reason="no_speech"), {}, ParsedOutput(None, ""), figures)
 
     def chunks(self, audio: np.ndarray) -> list[AudioChunk]:
         cfg = self.adapter.config
@@ -131,6 +146,8 @@ class Transcriber:
 
     async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions,
                             previous_text: str | None = None) -> ChunkOutcome:
+        if not await self.hears_speech(chunk, options):
+            return self.no_speech_outcome(chunk)
         language = options.language
         if language is None and options.detection == "two-stage":
             language = await self._detect_two_stage(chunk, options)

@@ -121,6 +121,7 @@ class BatchEngine:
         self._cross_kv: list | None = None
         self._bitmask = xgr.allocate_token_bitmask(max_batch_size, self.dims.n_vocab)
         self.steps = 0  # decode steps run, for tests and metrics
+        self.submitted_total = 0  # sequences submitted
         self.cancelled_total = 0  # sequences ended by cancel() before they finished
         self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
         self._thread.start()
@@ -130,6 +131,7 @@ class BatchEngine:
         if len(params.prompt_ids) >= self.dims.n_text_ctx:
             raise ValueError(f"prompt of {len(params.prompt_ids)} tokens exceeds the {self.dims.n_text_ctx}-token context")
         stream = SequenceStream(asyncio.get_running_loop())
+        self.submitted_total += 1
         with self._wake:
             self._pending.append(_Sequence(params, audio, stream))
             self._wake.notify()

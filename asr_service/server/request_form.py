@@ -138,6 +138,7 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         detect_language_per_chunk=_bool(form, "detect_language_per_chunk"),
         condition_on_previous_text=_bool(form, "condition_on_previous_text"),
         hotwords=_text(form, "hotwords"),
+        vad_filter=_bool(form, "vad_filter", True),
     )
     return TranscriptionRequest(
         file=file,

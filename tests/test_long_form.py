@@ -1,0 +1,171 @@
+"""Long-form quality on the real model: temperature fallback, silence, language across chunks,
+prompting."""
+
+import numpy as np
+import pytest
+
+from asr_service.fallback import QualityThresholds
+from asr_service.transcription import TranscriptionOptions
+
+from bench.clips import load_clip
+
+SR = 16000
+NO_FALLBACK = TranscriptionOptions(fallback_temperatures=())
+
+
+def _pad_to(audio: np.ndarray, seconds: float) -> np.ndarray:
+    return np.concatenate([audio, np.zeros(int(seconds * SR) - audio.shape[0], np.float32)])
+
+
+def _window(*names: tuple[str, str], seconds: float = 29.5) -> np.ndarray:
+    """One second of silence, clips with short pauses, then silence up to ``seconds``: the
+    30 s chunk limits of consecutive windows fall in silence, so each window is one chunk."""
+    gap = np.zeros(SR // 2, np.float32)
+    return _pad_to(np.concatenate([np.zeros(SR, np.float32)] + [part for n in names for part in (load_clip(*n), gap)]), seconds)
+
+
+async def _count_decodes(runtime, audio, options):
+    before = runtime.engine.submitted_total
+    result = await runtime.transcriber.transcribe(audio, options)
+    return result, runtime.engine.submitted_total - before
+
+
+# ---- temperature fallback ----
+
+async def test_fallback_retries_hotter_until_it_passes_and_keeps_the_fused_prefix(runtime):
+    fox = load_clip("en", "quick_brown_fox")
+    plain, decodes = await _count_decodes(runtime, fox, TranscriptionOptions(timestamps=True))
+    assert decodes == 1 and plain.segments[0].temperature == 0.0  # a clean clip passes first time
+
+    # No decode can have an average log-probability above 0: every temperature is tried.
+    strict = TranscriptionOptions(timestamps=True, seed=3, thresholds=QualityThresholds(log_prob=0.0))
+    result, decodes = await _count_decodes(runtime, fox, strict)
+    assert decodes == 1 + len(strict.fallback_temperatures)
+    # The retries kept the first decode's language (its prefix went into their prompt).
+    assert result.language == "en" and all(s.language == "en" for s in result.segments)
+    # Nothing passed, so the most likely non-loop decode is kept, and says which it was.
+    assert result.segments[0].temperature in (0.0,) + strict.fallback_temperatures
+    assert "fox" in result.text.lower()
+
+    _, decodes = await _count_decodes(runtime, fox, TranscriptionOptions(fallback_temperatures=(), thresholds=strict.thresholds))
+    assert decodes == 1
+
+
+async def test_a_repetition_loop_is_decoded_again(runtime):
+    """White noise makes Whisper base loop ("1,5,5,5,..."): the compression ratio catches it
+    and the hotter retries (or the no-speech rule) leave no loop in the output."""
+    noise = (0.05 * np.random.default_rng(0).standard_normal(10 * SR)).astype(np.float32)
+    first = await runtime.transcriber.transcribe(noise, replace_options(vad_filter=False))
+    result, decodes = await _count_decodes(runtime, noise, TranscriptionOptions(seed=1, vad_filter=False))
+    assert decodes > 1, first.text
+    assert result.segments == [] or max(s.compression_ratio for s in result.segments) <= 2.4
+
+
+# ---- silence and noise ----
+
+def _tone(freqs, seconds=10.0):
+    t = np.arange(int(seconds * SR)) / SR
+    return (0.3 / len(freqs) * sum(np.sin(2 * np.pi * f * t) for f in freqs)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["silence", "quiet-hiss", "white-noise", "tone", "chord"])
+@pytest.mark.parametrize("timestamps", [False, True], ids=["text", "timed"])
+async def test_no_speech_gives_no_invented_text(runtime, kind, timestamps):
+    rng = np.random.default_rng(7)
+    audio = {
+        "silence": np.zeros(10 * SR, np.float32),
+        "quiet-hiss": (3e-4 * rng.standard_normal(10 * SR)).astype(np.float32),
+        "white-noise": (0.05 * rng.standard_normal(10 * SR)).astype(np.float32),
+        "tone": _tone([440.0]),
+        "chord": _tone([261.6, 329.6, 392.0]),
+    }[kind]
+    result = await runtime.transcriber.transcribe(audio, TranscriptionOptions(timestamps=timestamps, seed=0))
+    assert len(result.text) <= 3, result.text  # measured: empty for all of these
+    assert sum(len(s.text.strip()) for s in result.segments) <= 3
+
+
+async def test_speech_after_silence_is_kept(runtime):
+    audio = np.concatenate([np.zeros(35 * SR, np.float32), load_clip("en", "quick_brown_fox")])
+    result, decodes = await _count_decodes(runtime, audio, TranscriptionOptions(timestamps=True))
+    assert decodes == 1  # the silent window was not decoded at all
+    assert result.text == "The quick brown fox jumps over the lazy dog."
+    second = runtime.transcriber.chunks(audio)[1]
+    assert all(s.start >= second.start for s in result.segments), [(s.start, s.text) for s in result.segments]
+
+
+async def test_without_the_speech_gate_the_no_speech_rule_still_applies(runtime):
+    """vad_filter off: the decode runs, and Whisper's own figures (no-speech probability and
+    low log-probability) drop what it invents on a tone (measured: "you" at -1.84)."""
+    options = TranscriptionOptions(vad_filter=False)
+    result, decodes = await _count_decodes(runtime, _tone([440.0]), options)
+    assert decodes >= 1 and result.text == ""
+
+
+# ---- language across chunks ----
+
+def _spanish_then(last_window: np.ndarray) -> np.ndarray:
+    es = [("es", "conteo"), ("es", "pangrama"), ("es", "hola_mundo")]
+    return np.concatenate([_window(*es, *es), _window(*es[::-1], *es), last_window])
+
+
+async def test_a_low_confidence_outlier_chunk_is_decoded_again_with_the_files_language(runtime):
+    # Whisper base hears this two-word Italian greeting as French, with low confidence.
+    audio = _spanish_then(_window(("it", "ciao_mondo"), seconds=5.0))
+    assert len(runtime.transcriber.chunks(audio)) == 3
+    voted, decodes = await _count_decodes(runtime, audio, replace_options(timestamps=True))
+    assert voted.language == "es"
+    assert {s.language for s in voted.segments} == {"es"}
+    assert decodes == 4  # three chunks, and the outlier once more
+
+    per_chunk, decodes = await _count_decodes(runtime, audio, replace_options(timestamps=True, detect_language_per_chunk=True))
+    assert decodes == 3 and per_chunk.language == "es"
+    assert per_chunk.segments[-1].language not in (None, "es")
+
+
+async def test_two_languages_with_per_chunk_detection(runtime):
+    en = [("en", "quick_brown_fox"), ("en", "counting"), ("en", "hello_world")]
+    audio = _spanish_then(_window(*en, *en[::-1]))
+    result = await runtime.transcriber.transcribe(audio, replace_options(timestamps=True, detect_language_per_chunk=True))
+    languages = [s.language for s in result.segments]
+    assert languages[0] == "es" and languages[-1] == "en", languages
+    assert languages == sorted(languages, key=lambda code: code != "es")  # es first, then en
+    assert result.language == "es"  # two of three chunks, by duration
+    text = result.text.lower()
+    assert "quick brown fox" in text and text.index("hola") < text.index("quick brown fox")
+
+
+def replace_options(**changes) -> TranscriptionOptions:
+    from dataclasses import replace
+
+    return replace(NO_FALLBACK, **changes)
+
+
+# ---- prompting ----
+
+async def test_prompt_changes_the_spelling_of_a_name(runtime):
+    fr = load_clip("fr", "pangrama")  # "Portez ce vieux whisky au juge blond qui fume."
+    plain = await runtime.transcriber.transcribe(fr, TranscriptionOptions())
+    assert "Blanqui" in plain.text  # measured: Whisper base hears a name
+    prompted = await runtime.transcriber.transcribe(fr, TranscriptionOptions(previous_text="Le juge blond qui fume."))
+    assert "blond qui fume" in prompted.text.lower() and "Blanqui" not in prompted.text
+
+
+async def test_each_chunk_can_be_conditioned_on_the_one_before(runtime, monkeypatch):
+    en = [("en", "quick_brown_fox"), ("en", "counting")]
+    audio = np.concatenate([_window(*en), _window(*en[::-1])])
+    prompts = []
+    submit = runtime.engine.submit
+
+    def recording_submit(samples, params):  # the real engine; only the prompts are noted
+        prompts.append(params.prompt_ids)
+        return submit(samples, params)
+
+    monkeypatch.setattr(runtime.engine, "submit", recording_submit)
+    result = await runtime.transcriber.transcribe(audio, replace_options(condition_on_previous_text=True, hotwords="Fox"))
+    assert result.text.lower().count("quick brown fox") == 2
+    tok = runtime.adapter.tok
+    first, second = prompts
+    # Both carry the hotwords; the second also carries the first chunk's text, in order.
+    assert first[0] == tok.sot_prev and tok.decode(list(first[1 : first.index(tok.sot)])).strip() == "Fox"
+    context = tok.decode(list(second[1 : second.index(tok.sot)]))
+    assert context.startswith(" Fox ") and "quick brown fox" in context.lower()
