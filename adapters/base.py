@@ -58,6 +58,9 @@ class TranscriptionAdapter(ABC):
     supported_tasks: tuple[str, ...] = ("transcribe",)
     supports_language_detection: bool = False
     supports_timestamps: bool = False
+    supports_word_timestamps: bool = False
+    # (decoder layer, head) pairs whose cross-attention follows the audio (for word timing).
+    alignment_heads: tuple[tuple[int, int], ...] = ()
     config: SpeechToTextConfig = SpeechToTextConfig()
 
     def validate_language(self, language: str | None) -> str | None:
@@ -109,6 +112,10 @@ class TranscriptionAdapter(ABC):
     def no_speech_probability(self, probe_probs: dict[int, float]) -> float | None:
         """Probability that the window holds no speech, from the same probe (None: unknown)."""
         return None
+
+    def split_words(self, token_ids: list[int], language: str | None) -> list[tuple[str, int]]:
+        """(word, number of tokens) covering text ``token_ids`` in order (word timestamps)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot time words")
 
     def joiner(self, language: str | None) -> str:
         return "" if language in self.config.no_space_languages else " "

@@ -15,6 +15,9 @@ log = logging.getLogger(__name__)
 
 # Scripts written without spaces between words: chunk texts join with "".
 NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "yue", "th", "lo", "my", "bo", "km"})
+# Punctuation that belongs to the word before it, or to the word after it (openai/whisper's sets).
+_CLOSING_PUNCTUATION = frozenset("\"'.。,，!！?？:：”)]}、")
+_OPENING_PUNCTUATION = frozenset("\"'“¿([{-")
 _TIMESTAMP_TEXT = re.compile(r"<\|\d+\.\d\d\|>")
 
 
@@ -22,9 +25,12 @@ class WhisperAdapter(TranscriptionAdapter):
     supported_tasks = ("transcribe", "translate")
     supports_language_detection = True
     supports_timestamps = True
+    supports_word_timestamps = True
 
-    def __init__(self, tokenizer: WhisperTokenizer, suppress_ids: list[int] = (), n_text_ctx: int = 448):
+    def __init__(self, tokenizer: WhisperTokenizer, suppress_ids: list[int] = (), n_text_ctx: int = 448,
+                 alignment_heads: tuple[tuple[int, int], ...] = ()):
         self.tok = tokenizer
+        self.alignment_heads = tuple(alignment_heads)
         self.grammars = WhisperGrammars(tokenizer)
         self.n_text_ctx = n_text_ctx
         self.supported_languages = tuple(tokenizer.language_ids)
@@ -38,7 +44,11 @@ class WhisperAdapter(TranscriptionAdapter):
     @classmethod
     def from_loaded(cls, loaded) -> "WhisperAdapter":
         tok = WhisperTokenizer(loaded.tokenizer_file, loaded.dims.n_vocab)
-        return cls(tok, loaded.suppress_ids, loaded.dims.n_text_ctx)
+        heads = loaded.alignment_heads
+        if not heads:  # the model names none: every head of the upper half of the decoder
+            d = loaded.dims
+            heads = [(layer, h) for layer in range(d.n_text_layer // 2, d.n_text_layer) for h in range(d.n_text_head)]
+        return cls(tok, loaded.suppress_ids, loaded.dims.n_text_ctx, tuple(tuple(h) for h in heads))
 
     # ---- prompts ----
     def _context(self, previous_text: str | None) -> list[int]:
@@ -152,6 +162,33 @@ class WhisperAdapter(TranscriptionAdapter):
             segments.append(ParsedSegment(start, None, tok.decode(current), current))
         text = "".join(s.text for s in segments).strip()
         return ParsedOutput(language, text, segments)
+
+    def split_words(self, token_ids: list[int], language: str | None) -> list[tuple[str, int]]:
+        """(word, number of tokens) covering ``token_ids`` in order. Tokens are first grouped
+        into whole characters (a character can span tokens); in languages written with spaces
+        a word starts at a leading space, and punctuation joins the word it touches."""
+        pieces: list[tuple[str, int]] = []
+        pending: list[int] = []
+        for t in token_ids:
+            pending.append(t)
+            text = self.tok.decode(pending)
+            if "\ufffd" not in text:
+                pieces.append((text, len(pending)))
+                pending = []
+        if pending:
+            pieces.append((self.tok.decode(pending), len(pending)))
+        if language in self.config.no_space_languages:
+            return pieces
+        words: list[list] = []
+        for text, n in pieces:
+            glue_back = words and (not text.startswith(" ") or text.strip() in _CLOSING_PUNCTUATION)
+            glue_forward = words and words[-1][0].strip() in _OPENING_PUNCTUATION
+            if glue_back or glue_forward:
+                words[-1][0] += text
+                words[-1][1] += n
+            else:
+                words.append([text, n])
+        return [(w, n) for w, n in words]
 
     def forced_prefix_tokens(self, params: DecodeParams) -> int:
         return 0 if self._prefix_in_prompt(params) else 3

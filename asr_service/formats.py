@@ -30,12 +30,10 @@ def to_json(result: TranscriptionResult) -> dict:
 
 
 def to_verbose_json(result: TranscriptionResult) -> dict:
-    segments = []
-    for s in result.segments:
-        d = asdict(s)
-        d.pop("language")
-        segments.append(d)
-    return {
+    # Beyond OpenAI's segment fields, each segment says its language (chunks of long audio
+    # detect their own; see TranscriptionOptions.detect_language_per_chunk).
+    segments = [asdict(s) for s in result.segments]
+    body = {
         "task": result.task,
         "language": result.language,
         "language_probability": result.language_probability,
@@ -44,6 +42,9 @@ def to_verbose_json(result: TranscriptionResult) -> dict:
         "segments": segments,
         "usage": usage(result),
     }
+    if result.words is not None:
+        body["words"] = [asdict(w) for w in result.words]
+    return body
 
 
 def to_srt(result: TranscriptionResult) -> str:

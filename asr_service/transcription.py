@@ -20,6 +20,7 @@ from .engine.params import DecodeParams, SequenceResult
 from .fallback import DecodeFigures, QualityThresholds, compression_ratio, is_silent, needs_fallback, pick_best
 from .language_vote import is_outlier, vote
 from .speech_gate import SpeechGate
+from .word_timing import FRAMES_PER_SECOND, Word, word_times
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class TranscriptionOptions:
     hotwords: str | None = None  # words to favour, given to the model as context
     # Windows in which the speech gate (Silero VAD) hears no speech are not decoded at all.
     vad_filter: bool = True
+    word_timestamps: bool = False  # words with times, from the alignment heads' attention
 
 
 # faster-whisper's rule: context decoded this hot is too unreliable to condition the next chunk.
@@ -76,6 +78,7 @@ class TranscriptionResult:
     language_probability: float | None
     duration: float
     segments: list[Segment] = field(default_factory=list)
+    words: list[Word] | None = None  # with word_timestamps: every word, times from the audio start
     # Why language detection failed on some chunk (None when it did not).
     detection_failure: str | None = None
 
@@ -128,6 +131,8 @@ class Transcriber:
         changes = {"temperature": options.temperature, "seed": options.seed, "top_k": options.top_k, "top_p": options.top_p}
         if options.max_new_tokens is not None:
             changes["max_new_tokens"] = min(params.max_new_tokens, options.max_new_tokens)
+        if options.word_timestamps:
+            changes["alignment_heads"] = self.adapter.alignment_heads
         return replace(params, **changes)
 
     async def _detect_two_stage(self, chunk: AudioChunk, options: TranscriptionOptions) -> str | None:
@@ -232,9 +237,29 @@ class Transcriber:
             outcome.language_probs = outcomes[i].language_probs  # what the chunk itself heard
             outcomes[i] = outcome
 
+    def _words(self, outcome: ChunkOutcome) -> list[Word]:
+        """The chunk's words, timed within the chunk by DTW over the alignment heads."""
+        attention = outcome.result.cross_attention
+        if attention is None:
+            return []
+        generated, eot = outcome.result.token_ids, outcome.params.eot_id
+        text_rows = [j for j in range(outcome.parsed.prefix_length, len(generated)) if generated[j] < eot]
+        if not text_rows:
+            return []
+        rows = attention[:, text_rows]
+        if eot in generated:
+            end_row = attention[:, [generated.index(eot)]]
+        else:  # cut off by the token budget: let the last word run to the end of the window
+            end_row = np.zeros_like(rows[:, :1])
+            end_row[..., min(attention.shape[-1], round(outcome.chunk.duration * FRAMES_PER_SECOND)) - 1] = 1.0
+        pieces = [w for s in outcome.parsed.segments for w in self.adapter.split_words(s.token_ids, outcome.parsed.language)]
+        timed = word_times(pieces, np.concatenate([rows, end_row], axis=1), outcome.chunk.duration)
+        return [replace(w, word=w.word.strip()) for w in timed if w.word.strip()]
+
     def assemble(self, outcomes: list[ChunkOutcome], options: TranscriptionOptions, duration: float) -> TranscriptionResult:
         adapter = self.adapter
         segments: list[Segment] = []
+        words: list[Word] = []
         chunk_texts: list[tuple[str | None, str]] = []
         failures: list[str] = []
         for outcome in outcomes:
@@ -256,6 +281,9 @@ class Transcriber:
                 ))
             if parsed.text:
                 chunk_texts.append((parsed.language, parsed.text))
+            if options.word_timestamps:
+                words += [replace(w, start=round(w.start + chunk.start, 2), end=round(w.end + chunk.start, 2))
+                          for w in self._words(outcome)]
 
         language, probability = self._vote(outcomes, options)
         text = ""
@@ -266,6 +294,6 @@ class Transcriber:
             text += chunk_text
         return TranscriptionResult(
             task=options.task, text=text.strip(), language=language, language_probability=probability,
-            duration=round(duration, 3), segments=segments,
+            duration=round(duration, 3), segments=segments, words=words if options.word_timestamps else None,
             detection_failure="; ".join(failures) if failures else None,
         )

@@ -169,3 +169,44 @@ async def test_each_chunk_can_be_conditioned_on_the_one_before(runtime, monkeypa
     assert first[0] == tok.sot_prev and tok.decode(list(first[1 : first.index(tok.sot)])).strip() == "Fox"
     context = tok.decode(list(second[1 : second.index(tok.sot)]))
     assert context.startswith(" Fox ") and "quick brown fox" in context.lower()
+
+
+# ---- word timestamps ----
+
+def _assert_plausible(words, duration):
+    assert words
+    for w in words:
+        assert 0.0 <= w.start <= w.end <= duration + 0.05, w
+    assert all(a.start <= b.start and a.end <= b.end + 1e-6 for a, b in zip(words, words[1:])), words
+
+
+@pytest.mark.parametrize("timestamps", [False, True], ids=["notimestamps", "timestamps"])
+async def test_word_times_lie_in_order_and_a_word_after_a_pause_starts_after_it(runtime, timestamps):
+    fox, hello = load_clip("en", "quick_brown_fox"), load_clip("en", "hello_world")
+    pause_end = (fox.shape[0] + 3 * SR) / SR
+    audio = np.concatenate([fox, np.zeros(3 * SR, np.float32), hello])
+    result = await runtime.transcriber.transcribe(audio, TranscriptionOptions(word_timestamps=True, timestamps=timestamps))
+    _assert_plausible(result.words, result.duration)
+    assert [w.word for w in result.words] == result.text.split()  # every word, punctuation attached
+    hello_word = next(w for w in result.words if w.word.startswith("Hello"))
+    assert pause_end - 0.5 <= hello_word.start <= pause_end + 0.5, (pause_end, hello_word)
+    dog = next(w for w in result.words if w.word.startswith("dog"))
+    assert dog.end <= fox.shape[0] / SR + 0.3  # the pause is not given to the word before it
+
+
+async def test_word_times_across_chunks_carry_true_offsets(runtime):
+    en = [("en", "quick_brown_fox"), ("en", "counting"), ("en", "hello_world")]
+    audio = np.concatenate([_window(*en), _window(*en[::-1])])
+    result = await runtime.transcriber.transcribe(audio, TranscriptionOptions(word_timestamps=True, timestamps=True))
+    _assert_plausible(result.words, result.duration)
+    second = runtime.transcriber.chunks(audio)[1].start
+    late = [w for w in result.words if w.start >= second]
+    assert late and late[0].word.lower().startswith("hello")  # the second window opens with it, 1 s in
+    assert second + 0.5 <= late[0].start <= second + 1.6
+
+
+async def test_word_times_in_a_language_without_spaces(runtime):
+    zh = load_clip("zh", "nihao_shijie")
+    result = await runtime.transcriber.transcribe(zh, TranscriptionOptions(word_timestamps=True))
+    _assert_plausible(result.words, result.duration)
+    assert "".join(w.word for w in result.words) == result.text.replace(" ", "")

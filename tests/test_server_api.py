@@ -87,6 +87,15 @@ def test_sdk_json_with_fused_detection_on_french(client):
     assert result.text.startswith("Portez ce vieux whisky")
 
 
+def test_sdk_word_timestamps(client):
+    with open(clip_path("en", "quick_brown_fox"), "rb") as f:
+        result = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                    timestamp_granularities=["word", "segment"])
+    assert [w.word for w in result.words] == result.text.split()
+    assert all(0 <= w.start <= w.end <= result.duration + 0.05 for w in result.words)
+    assert result.segments and result.segments[0].language == "en"
+
+
 def test_sdk_verbose_json_reports_the_detected_language(client):
     with open(clip_path("zh", "nihao_shijie"), "rb") as f:
         result = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
@@ -256,6 +265,8 @@ def test_unknown_language_names_the_parameter_and_lists_codes(server):
     ({"include[]": "logprobs"}, "include"),
     ({"stream": "true", "response_format": "srt"}, "stream"),
     ({"top_p": "2"}, "top_p"),
+    ({"log_prob_threshold": "3"}, "log_prob_threshold"),
+    ({"vad_filter": "perhaps"}, "vad_filter"),
 ])
 def test_bad_fields_are_400_naming_the_field(server, fields, param):
     with open(clip_path("en", "hello_world"), "rb") as f:

@@ -326,6 +326,8 @@ class BatchEngine:
     def _release(self, index: int, reason: str) -> None:
         """Finish the sequence in ``index`` and move the last active sequence into its slot."""
         seq = self._active[index]
+        if seq.params.alignment_heads and reason in ("stop", "length"):
+            self._record_cross_attention(index, seq)
         last = len(self._active) - 1
         if index != last:
             moved = self._active[last]
@@ -339,6 +341,15 @@ class BatchEngine:
             self._active[index] = moved
         self._active.pop()
         self._finish_unslotted(seq, reason)
+
+    def _record_cross_attention(self, slot: int, seq: _Sequence) -> None:
+        """While the slot still holds the audio's K/V: the alignment heads' attention for every
+        generated token, from one teacher-forced pass (word timing needs it, decoding does not)."""
+        tokens = torch.tensor([seq.tokens[:-1]])  # inputs: each position predicts the next token
+        cross = [(k[slot : slot + 1], v[slot : slot + 1]) for k, v in self._cross_kv]
+        weights = self.model.decoder.cross_attention(tokens, cross, list(seq.params.alignment_heads))
+        first = len(seq.params.prompt_ids) - 1
+        seq.stream.result.cross_attention = weights[:, first:].numpy()
 
     def _finish_unslotted(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
         if reason == "cancelled":

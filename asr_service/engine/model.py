@@ -114,12 +114,14 @@ class DecoderLayer(nn.Module):
         cross_v: torch.Tensor,
         write_index: torch.Tensor,
         attn_mask: torch.Tensor,
-    ) -> torch.Tensor:
+        attention_heads: list[int] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """One decoder layer over new tokens x [B, T, d].
 
         self_k/self_v [B, H, T_ctx, hd] are cache views written in place at write_index
         [B, T] (the positions of the new tokens); attn_mask [B, 1, T, T_ctx] says which cache
-        positions each new token may see.
+        positions each new token may see. With ``attention_heads`` it also returns those
+        heads' cross-attention weights [B, len(heads), T, T_audio] (for word timing).
         """
         h = self.n_head
         q, k, v = self.self_qkv(self.self_ln(x)).chunk(3, dim=-1)
@@ -132,7 +134,11 @@ class DecoderLayer(nn.Module):
         q = _split_heads(self.cross_q(self.cross_ln(x)), h)
         a = F.scaled_dot_product_attention(q, cross_k, cross_v)
         x = x + self.cross_out(_merge_heads(a))
-        return x + self.mlp(self.mlp_ln(x))
+        x = x + self.mlp(self.mlp_ln(x))
+        if attention_heads is None:
+            return x
+        scores = q[:, attention_heads] @ cross_k[:, attention_heads].transpose(-1, -2) * q.shape[-1] ** -0.5
+        return x, scores.softmax(dim=-1)
 
 
 class TextDecoder(nn.Module):
@@ -153,6 +159,27 @@ class TextDecoder(nn.Module):
         for layer, (sk, sv), (ck, cv) in zip(self.layers, caches, cross):
             x = layer(x, sk, sv, ck, cv, positions, attn_mask)
         return self.ln(x)
+
+    def cross_attention(self, tokens: torch.Tensor, cross: list, heads: list[tuple[int, int]]) -> torch.Tensor:
+        """Teacher-forced pass over ``tokens`` [1, T] (one sequence, from scratch) returning the
+        cross-attention weights of the (layer, head) pairs: [len(heads), T, T_audio]."""
+        n = tokens.shape[1]
+        positions = torch.arange(n)[None]
+        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        x = self.token_embedding(tokens) + self.positions[positions]
+        found: dict[tuple[int, int], torch.Tensor] = {}
+        for i, (layer, (ck, cv)) in enumerate(zip(self.layers, cross)):
+            wanted = [h for l, h in heads if l == i]
+            scratch_k = torch.zeros(1, layer.n_head, n, ck.shape[-1])
+            scratch_v = torch.zeros_like(scratch_k)
+            if wanted:
+                x, weights = layer(x, scratch_k, scratch_v, ck, cv, positions, causal, wanted)
+                found.update({(i, h): weights[0, j] for j, h in enumerate(wanted)})
+            elif i <= max(l for l, _ in heads):
+                x = layer(x, scratch_k, scratch_v, ck, cv, positions, causal)
+            else:
+                break  # later layers cannot change the weights asked for
+        return torch.stack([found[h] for h in heads])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.output_projection is not None:

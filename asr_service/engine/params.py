@@ -36,6 +36,8 @@ class DecodeParams:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    # (layer, head) pairs whose cross-attention is returned for word timing (empty: none).
+    alignment_heads: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,5 +51,8 @@ class SequenceResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     probe_probs: dict[int, float] = field(default_factory=dict)
+    # alignment_heads' cross-attention when each generated token was predicted:
+    # [heads, generated tokens, audio frames] (None unless asked for).
+    cross_attention: Any = None
     finish_reason: str = ""  # "stop" (end of text), "length", "grammar", "cancelled", "error"
     error: str | None = None

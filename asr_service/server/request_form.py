@@ -101,9 +101,12 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
     for g in granularities:
         if g not in ("segment", "word"):
             raise _bad("timestamp_granularities", f"Unknown timestamp granularity {g!r}; use 'segment' or 'word'")
-    if "word" in granularities:
-        raise _bad("timestamp_granularities", "Word-level timestamps are not supported yet; use 'segment'",
+    word_timestamps = "word" in granularities
+    if granularities and response_format != "verbose_json":
+        raise _bad("timestamp_granularities", "timestamp_granularities needs response_format 'verbose_json'",
                    code="unsupported_value")
+    if word_timestamps and not adapter.supports_word_timestamps:
+        raise _bad("timestamp_granularities", "This model cannot time words; use 'segment'", code="unsupported_value")
     for item in _list(form, "include"):
         raise _bad("include", f"include[]={item!r} is not supported by this server", code="unsupported_value")
 
@@ -139,6 +142,7 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         condition_on_previous_text=_bool(form, "condition_on_previous_text"),
         hotwords=_text(form, "hotwords"),
         vad_filter=_bool(form, "vad_filter", True),
+        word_timestamps=word_timestamps,
     )
     return TranscriptionRequest(
         file=file,

@@ -1,0 +1,110 @@
+"""Word times from cross-attention: dynamic time warping over the alignment heads.
+
+The algorithm is openai/whisper's (timing.py), written here in numpy: the alignment heads'
+attention rows for the predicted text tokens (and the end token) are normalised per head,
+median-filtered along time, averaged, and a monotonic path from the first token at the first
+frame to the end token at the last frame is found by DTW. A token starts where the path
+first reaches its row; a word spans its tokens. No DTW library: it is a dozen lines of numpy
+with the inner recurrence vectorised (prefix minima), and it runs on small matrices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FRAMES_PER_SECOND = 50  # encoder frames: 1500 per 30 s
+MEDIAN_WIDTH = 7
+
+
+@dataclass(frozen=True)
+class Word:
+    word: str
+    start: float  # seconds from the start of the audio window
+    end: float
+
+
+def _median_filter(x: np.ndarray, width: int) -> np.ndarray:
+    """Median over the last axis, edges reflected (like openai/whisper's)."""
+    if x.shape[-1] <= width // 2:
+        return x
+    pad = width // 2
+    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(pad, pad)], mode="reflect")
+    return np.median(np.lib.stride_tricks.sliding_window_view(padded, width, axis=-1), axis=-1)
+
+
+def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cheapest monotonic path through ``cost`` [N, M] from (0, 0) to (N-1, M-1), moving
+    right, down or diagonally. Returns (row indices, column indices) along the path."""
+    n, m = cost.shape
+    total = np.full((n, m), np.inf)
+    total[0] = np.cumsum(cost[0])
+    for i in range(1, n):
+        from_above = np.minimum(total[i - 1], np.concatenate(([np.inf], total[i - 1][:-1]))) + cost[i]
+        # Moves within row i: total[i, j] = min over k <= j of from_above[k] + cost[i, k+1..j].
+        running = np.cumsum(cost[i])
+        total[i] = running + np.minimum.accumulate(from_above - running)
+    rows, cols = [n - 1], [m - 1]
+    i, j = n - 1, m - 1
+    while i > 0 or j > 0:
+        options = []
+        if i > 0 and j > 0:
+            options.append((total[i - 1, j - 1], i - 1, j - 1))
+        if i > 0:
+            options.append((total[i - 1, j], i - 1, j))
+        if j > 0:
+            options.append((total[i, j - 1], i, j - 1))
+        _, i, j = min(options)
+        rows.append(i)
+        cols.append(j)
+    return np.array(rows[::-1]), np.array(cols[::-1])
+
+
+def token_start_times(attention: np.ndarray, n_frames: int) -> np.ndarray:
+    """``attention`` [heads, tokens + 1, frames] (the last row: the end token) -> the time at
+    which each of the tokens + 1 rows starts, in seconds."""
+    weights = attention[:, :, :n_frames]
+    mean = weights.mean(axis=-2, keepdims=True)
+    std = weights.std(axis=-2, keepdims=True) + 1e-6
+    weights = _median_filter((weights - mean) / std, MEDIAN_WIDTH)
+    matrix = weights.mean(axis=0)
+    rows, cols = dtw_path(-matrix.astype(np.float64))
+    jumps = np.concatenate(([True], np.diff(rows) > 0))
+    return cols[jumps] / FRAMES_PER_SECOND
+
+
+SENTENCE_END = tuple(".。!！?？")
+
+
+def clamp_at_sentence_ends(words: list[Word]) -> list[Word]:
+    """DTW hands a pause to the word beside it. Where a sentence ends, a word longer than
+    twice the median word (median capped at 0.7 s) is cut back to that length: the word that
+    ends the sentence keeps its start, the word that opens the next keeps its end (openai/
+    whisper's correction)."""
+    durations = [w.end - w.start for w in words if w.end > w.start]
+    if not durations:
+        return words
+    longest = 2 * min(0.7, float(np.median(durations)))
+    out = list(words)
+    for i, w in enumerate(out):
+        if w.end - w.start <= longest:
+            continue
+        if w.word.rstrip().endswith(SENTENCE_END):
+            out[i] = Word(w.word, w.start, round(w.start + longest, 2))
+        elif i == 0 or out[i - 1].word.rstrip().endswith(SENTENCE_END):
+            out[i] = Word(w.word, round(w.end - longest, 2), w.end)
+    return out
+
+
+def word_times(words: list[tuple[str, int]], attention: np.ndarray, duration: float) -> list[Word]:
+    """``words``: (text, number of tokens) in order, covering every row of ``attention`` but
+    the last (the end token). Times are relative to the audio window."""
+    n_frames = max(1, min(attention.shape[-1], int(round(duration * FRAMES_PER_SECOND))))
+    starts = token_start_times(attention, n_frames)
+    out, index = [], 0
+    for text, n_tokens in words:
+        start, end = float(starts[index]), float(starts[index + n_tokens])
+        out.append(Word(text, round(start, 2), round(max(end, start), 2)))
+        index += n_tokens
+    return clamp_at_sentence_ends(out)
