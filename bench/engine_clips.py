@@ -32,6 +32,26 @@ def load_clips():
     return [(lang, name, load_clip(lang, name), reference(lang, name)) for lang, name in all_clips()]
 
 
+def score_results(clips, results) -> dict:
+    """Detection accuracy, WER (English; languages written with spaces) and CER (zh, ja)."""
+    correct = sum(r.language == lang for (lang, *_), r in zip(clips, results))
+    refs_w, hyps_w, refs_c, hyps_c = [], [], [], []
+    for (lang, _, _, ref), r in zip(clips, results):
+        if lang in CHARACTER_SCORED:
+            refs_c.append(_normalize(ref).replace(" ", ""))
+            hyps_c.append(_normalize(r.text).replace(" ", ""))
+        else:
+            refs_w.append(_normalize(ref))
+            hyps_w.append(_normalize(r.text))
+    english = [(_normalize(ref), _normalize(r.text)) for (lang, _, _, ref), r in zip(clips, results) if lang == "en"]
+    return {
+        "detection_accuracy": f"{correct}/{len(clips)}",
+        "wer_english": round(jiwer.wer([a for a, _ in english], [b for _, b in english]), 4),
+        "wer_space_languages": round(jiwer.wer(refs_w, hyps_w), 4),
+        "cer_zh_ja": round(jiwer.cer(refs_c, hyps_c), 4),
+    }
+
+
 async def run_mode(rt, clips, mode: str) -> dict:
     def options(lang):
         if mode == "fixed":
@@ -46,16 +66,7 @@ async def run_mode(rt, clips, mode: str) -> dict:
     results = await asyncio.gather(*(rt.transcriber.transcribe(a, options(lang)) for lang, _, a, _ in clips))
     batched = time.perf_counter() - start
     audio_seconds = sum(a.shape[0] for _, _, a, _ in clips) / 16000
-    correct = sum(r.language == lang for (lang, *_), r in zip(clips, results))
-    refs_w, hyps_w, refs_c, hyps_c = [], [], [], []
-    for (lang, _, _, ref), r in zip(clips, results):
-        if lang in CHARACTER_SCORED:
-            refs_c.append(_normalize(ref).replace(" ", ""))
-            hyps_c.append(_normalize(r.text).replace(" ", ""))
-        else:
-            refs_w.append(_normalize(ref))
-            hyps_w.append(_normalize(r.text))
-    english = [(_normalize(ref), _normalize(r.text)) for (lang, _, _, ref), r in zip(clips, results) if lang == "en"]
+    scores = score_results(clips, results)
     return {
         "mode": mode,
         "clips": len(clips),
@@ -64,10 +75,7 @@ async def run_mode(rt, clips, mode: str) -> dict:
         "batched_seconds_per_clip": round(batched / len(clips), 3),
         "sequential_rtfx": round(audio_seconds / sequential, 2),
         "batched_rtfx": round(audio_seconds / batched, 2),
-        "detection_accuracy": f"{correct}/{len(clips)}",
-        "wer_english": round(jiwer.wer([a for a, _ in english], [b for _, b in english]), 4),
-        "wer_space_languages": round(jiwer.wer(refs_w, hyps_w), 4),
-        "cer_zh_ja": round(jiwer.cer(refs_c, hyps_c), 4),
+        **scores,
     }
 
 

@@ -39,8 +39,10 @@ async def test_fallback_retries_hotter_until_it_passes_and_keeps_the_fused_prefi
 
     # No decode can have an average log-probability above 0: every temperature is tried.
     strict = TranscriptionOptions(timestamps=True, seed=3, thresholds=QualityThresholds(log_prob=0.0))
+    encoded_before = runtime.engine.encoder_windows
     result, decodes = await _count_decodes(runtime, fox, strict)
     assert decodes == 1 + len(strict.fallback_temperatures)
+    assert runtime.engine.encoder_windows - encoded_before == 1  # the retries reuse the encoder output
     # The retries kept the first decode's language (its prefix went into their prompt).
     assert result.language == "en" and all(s.language == "en" for s in result.segments)
     # Nothing passed, so the most likely non-loop decode is kept, and says which it was.

@@ -17,6 +17,7 @@ import collections
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,6 +98,10 @@ class _Sequence:
             self.text_start = len(self.tokens)
 
 
+# Encoder outputs kept for retries of the same window: 1500 x 512 floats (3 MB) each.
+ENCODER_CACHE_WINDOWS = 8
+
+
 class BatchEngine:
     # One encoder window per admission by default: on the CPU the encoder is compute-bound, so
     # stacking windows gains nothing and multiplies activation memory (27 clips at once on 2
@@ -119,8 +124,10 @@ class BatchEngine:
         self._stopping = False
         self._self_kv: list | None = None  # per-slot caches, grown on demand (_ensure_capacity)
         self._cross_kv: list | None = None
+        self._encoded: collections.OrderedDict = collections.OrderedDict()  # id(audio) -> (audio, features)
         self._bitmask = xgr.allocate_token_bitmask(max_batch_size, self.dims.n_vocab)
         self.steps = 0  # decode steps run, for tests and metrics
+        self.encoder_windows = 0  # encoder passes run (windows, after the cache)
         self.submitted_total = 0  # sequences submitted
         self.cancelled_total = 0  # sequences ended by cancel() before they finished
         self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
@@ -220,11 +227,27 @@ class BatchEngine:
             del k, v
         log.info("decode caches grown to %d slots x %d positions", capacity, self_length)
 
+    def _encode(self, seqs: list[_Sequence]) -> torch.Tensor:
+        """Encoder output for each sequence's audio. The last few windows' outputs are kept,
+        keyed by the audio array itself: a retry of the same window (temperature fallback, an
+        outlier re-decode, a detection pass) skips the encoder, the costliest part of a decode."""
+        todo = [s for s in seqs if _cached(self._encoded, s.audio) is None]
+        if todo:
+            mel = torch.stack([log_mel_spectrogram(s.audio, self.dims.n_mels) for s in todo])
+            with torch.autocast("cpu", dtype=self.encoder_dtype or torch.bfloat16, enabled=self.encoder_dtype is not None):
+                features = self.model.encoder(mel).float()
+            self.encoder_windows += len(todo)
+            for s, f in zip(todo, features):
+                # A weak reference: the cache must not keep a request's audio alive, and a dead
+                # reference tells a reused id from the array it was cached for.
+                self._encoded[id(s.audio)] = (weakref.ref(s.audio), f)
+                while len(self._encoded) > ENCODER_CACHE_WINDOWS:
+                    self._encoded.popitem(last=False)
+        return torch.stack([_cached(self._encoded, s.audio) for s in seqs])
+
     def _admit(self, seqs: list[_Sequence]) -> None:
         self._ensure_capacity(len(self._active) + len(seqs), max(len(s.tokens) for s in seqs))
-        mel = torch.stack([log_mel_spectrogram(s.audio, self.dims.n_mels) for s in seqs])
-        with torch.autocast("cpu", dtype=self.encoder_dtype or torch.bfloat16, enabled=self.encoder_dtype is not None):
-            audio_features = self.model.encoder(mel).float()
+        audio_features = self._encode(seqs)
         first = len(self._active)
         for layer, (ck, cv) in zip(self.model.decoder.layers, self._cross_kv):
             k, v = layer.cross_kv_for(audio_features)
@@ -357,6 +380,14 @@ class BatchEngine:
         seq.stream.result.finish_reason = reason
         seq.stream.result.error = error
         seq.stream._emit(None)
+
+
+def _cached(cache: collections.OrderedDict, audio: np.ndarray) -> torch.Tensor | None:
+    entry = cache.get(id(audio))
+    if entry is None or entry[0]() is not audio:
+        return None
+    cache.move_to_end(id(audio))
+    return entry[1]
 
 
 def _next_power_of_two(n: int) -> int:

@@ -1,0 +1,46 @@
+"""The fallback policy on its own: which decode is retried, which is kept, which is silence."""
+
+from asr_service.fallback import DecodeFigures, QualityThresholds, is_silent, needs_fallback, pick_best
+from asr_service.language_vote import is_outlier, vote
+
+T = QualityThresholds()
+
+
+def figures(temperature=0.0, logprob=-0.2, ratio=1.0, no_speech=0.01, ended=True, parsed=True, speech=True):
+    return DecodeFigures(temperature, logprob, ratio, no_speech, parsed, speech_found=speech, ended=ended)
+
+
+def test_retry_triggers():
+    assert not needs_fallback(figures(), T)
+    assert needs_fallback(figures(ratio=2.5), T)  # compresses like a loop
+    assert needs_fallback(figures(logprob=-1.2), T)  # unlikely text
+    assert needs_fallback(figures(parsed=False), T)
+    # No speech and low confidence: silence, not retried (a hotter decode only invents more).
+    assert not needs_fallback(figures(logprob=-1.2, no_speech=0.9), T)
+    assert is_silent(figures(logprob=-1.2, no_speech=0.9), T)
+    assert not is_silent(figures(logprob=-0.3, no_speech=0.9), T)  # confident speech stays
+    assert is_silent(figures(speech=False), T)
+
+
+def test_the_first_passing_decode_is_kept():
+    attempts = [figures(ratio=3.0), figures(0.2, logprob=-1.5), figures(0.4, logprob=-0.5), figures(0.6, logprob=-0.1)]
+    assert pick_best(attempts, T) == 2
+
+
+def test_when_none_passes_a_decode_the_model_ended_beats_a_runaway_loop():
+    repeated_speech = figures(0.0, logprob=-0.2, ratio=2.6, ended=True)
+    runaway = figures(0.0, logprob=-0.1, ratio=9.0, ended=False)
+    sampled = figures(0.8, logprob=-1.6, ratio=1.0, ended=True)
+    assert pick_best([repeated_speech, sampled], T) == 0
+    assert pick_best([runaway, sampled], T) == 1
+    # Nothing ended by itself: faster-whisper's rule, the most likely non-loop.
+    assert pick_best([runaway, figures(0.2, logprob=-1.4, ratio=1.5, ended=False)], T) == 1
+
+
+def test_vote_and_outliers():
+    es, fr = {"es": 0.9, "fr": 0.1}, {"es": 0.35, "fr": 0.65}
+    assert vote([(es, 30.0), (es, 30.0), (fr, 5.0)]) == ("es", round((0.9 * 60 + 0.35 * 5) / 65, 4))
+    assert vote([(fr, 5.0)], language="es") == ("es", 0.35)
+    assert is_outlier("fr", fr, "es")  # disagrees, and not sure of itself
+    assert not is_outlier("fr", {"fr": 0.95}, "es")  # sure of itself: code-switching, kept
+    assert not is_outlier("es", es, "es")
