@@ -70,11 +70,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rescore", type=Path, help="recompute the targets of a saved results .json")
+    parser.add_argument("--levels", help="concurrency levels, e.g. 1,8,16 (default: 1,8 quick, else 1,4,8,16)")
     args = parser.parse_args()
     if args.rescore:
         rescore(args.rescore)
         return
-    levels = [1, 8] if args.quick else [1, 4, 8, 16]
+    levels = [int(c) for c in args.levels.split(",")] if args.levels else ([1, 8] if args.quick else [1, 4, 8, 16])
     tmp = Path(tempfile.mkdtemp(prefix="asr-bench-"))
     workloads = build_workloads(args.quick, tmp)
     short, long = workloads["short"], workloads["long"]
@@ -137,7 +138,7 @@ def main() -> None:
     report = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
-        "command": "python -m bench" + (" --quick" if args.quick else ""),
+        "command": "python -m bench" + (" --quick" if args.quick else "") + (f" --levels {args.levels}" if args.levels else ""),
         "rows": [r.as_dict() for r in rows],
         "streaming": streaming,
         "encoder": encoder,
