@@ -49,6 +49,8 @@ class TranscriptionOptions:
     # Windows in which the speech gate (Silero VAD) hears no speech are not decoded at all.
     vad_filter: bool = True
     word_timestamps: bool = False  # words with times, from the alignment heads' attention
+    beam_size: int = 1  # above 1: beam search for the temperature-0 decode (fallback retries sample)
+    length_penalty: float | None = None
 
 
 # faster-whisper's rule: context decoded this hot is too unreliable to condition the next chunk.
@@ -133,6 +135,8 @@ class Transcriber:
             changes["max_new_tokens"] = min(params.max_new_tokens, options.max_new_tokens)
         if options.word_timestamps:
             changes["alignment_heads"] = self.adapter.alignment_heads
+        if options.beam_size > 1 and options.temperature == 0:
+            changes.update(beam_size=options.beam_size, length_penalty=options.length_penalty)
         return replace(params, **changes)
 
     async def _detect_two_stage(self, chunk: AudioChunk, options: TranscriptionOptions) -> str | None:
@@ -169,7 +173,8 @@ class Transcriber:
         # is the same as trying one temperature after another, in a fraction of the time.
         language = language or first.parsed.language
         retries = [replace(self.params_for(options, language, previous_text), temperature=temperature,
-                           seed=None if options.seed is None else options.seed + i + 1, top_k=None, top_p=None)
+                           seed=None if options.seed is None else options.seed + i + 1, top_k=None, top_p=None,
+                           beam_size=1)
                    for i, temperature in enumerate(options.fallback_temperatures)]
         attempts = [first] + list(await asyncio.gather(*(self._run(chunk, p, options) for p in retries)))
         kept = attempts[pick_best([a.figures for a in attempts], options.thresholds)]

@@ -1,13 +1,17 @@
 """Long-form quality on the real model: temperature fallback, silence, language across chunks,
 prompting."""
 
+import asyncio
+
+import jiwer
 import numpy as np
 import pytest
 
 from asr_service.fallback import QualityThresholds
 from asr_service.transcription import TranscriptionOptions
 
-from bench.clips import load_clip
+from bench.clips import load_clip, reference
+from bench.textnorm import normalize
 
 SR = 16000
 NO_FALLBACK = TranscriptionOptions(fallback_temperatures=())
@@ -212,3 +216,53 @@ async def test_word_times_in_a_language_without_spaces(runtime):
     result = await runtime.transcriber.transcribe(zh, TranscriptionOptions(word_timestamps=True))
     _assert_plausible(result.words, result.duration)
     assert "".join(w.word for w in result.words) == result.text.replace(" ", "")
+
+
+# ---- beam search ----
+
+@pytest.fixture(scope="module")
+async def greedy_and_beam(runtime):
+    """Every clip, fused detection, decoded greedily and with 5 beams (one chunk each)."""
+    from bench.clips import all_clips
+
+    t = runtime.transcriber
+    out = {}
+    for beams in (1, 5):
+        options = TranscriptionOptions(beam_size=beams, fallback_temperatures=())
+        params = t.params_for(options)
+        out[beams] = await asyncio.gather(*(t._run(t.chunks(load_clip(*c))[0], params, options) for c in all_clips()))
+    return all_clips(), out[1], out[5]
+
+
+async def test_beam_search_keeps_the_grammar_in_every_beam(greedy_and_beam, runtime):
+    clips, _, beam = greedy_and_beam
+    tok = runtime.adapter.tok
+    for clip, outcome in zip(clips, beam):
+        ids = outcome.result.token_ids
+        assert outcome.parsed.failure is None, (clip, outcome.parsed.failure)
+        assert ids[0] in tok.id_to_language and ids[1] == tok.transcribe and ids[2] == tok.no_timestamps
+        assert all(i < tok.eot for i in ids[3:-1]) and ids[-1] == tok.eot  # no special token in the text
+
+
+async def test_beam_search_is_at_least_as_good_as_greedy(greedy_and_beam):
+    """In the model's own terms (log-probability per token, what beam search maximises) over
+    all clips, and in English WER."""
+    clips, greedy, beam = greedy_and_beam
+
+    def per_token(outcomes):
+        return sum(sum(o.result.logprobs) / len(o.result.logprobs) for o in outcomes) / len(outcomes)
+
+    assert per_token(beam) >= per_token(greedy)
+    english = [i for i, c in enumerate(clips) if c[0] == "en"]
+    refs = [normalize(reference(*clips[i])) for i in english]
+    assert jiwer.wer(refs, [normalize(beam[i].parsed.text) for i in english]) <= jiwer.wer(
+        refs, [normalize(greedy[i].parsed.text) for i in english])
+
+
+async def test_beam_search_with_word_timestamps_and_long_audio(runtime):
+    en = [("en", "quick_brown_fox"), ("en", "hello_world")]
+    audio = np.concatenate([_window(*en), _window(*en[::-1])])
+    result = await runtime.transcriber.transcribe(audio, TranscriptionOptions(beam_size=3, timestamps=True, word_timestamps=True))
+    assert normalize(result.text).count("quick brown fox") == 2
+    _assert_plausible(result.words, result.duration)
+    assert runtime.engine.active_count == 0

@@ -87,6 +87,13 @@ def test_sdk_json_with_fused_detection_on_french(client):
     assert result.text.startswith("Portez ce vieux whisky")
 
 
+def test_sdk_beam_search_through_extra_body(client):
+    with open(clip_path("en", "quick_brown_fox"), "rb") as f:
+        result = client.audio.transcriptions.create(model="whisper-1", file=f,
+                                                    extra_body={"use_beam_search": True, "n": 3, "length_penalty": 1.0})
+    assert result.text == "The quick brown fox jumps over the lazy dog."
+
+
 def test_sdk_word_timestamps(client):
     with open(clip_path("en", "quick_brown_fox"), "rb") as f:
         result = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
@@ -267,6 +274,8 @@ def test_unknown_language_names_the_parameter_and_lists_codes(server):
     ({"top_p": "2"}, "top_p"),
     ({"log_prob_threshold": "3"}, "log_prob_threshold"),
     ({"vad_filter": "perhaps"}, "vad_filter"),
+    ({"use_beam_search": "true", "stream": "true"}, "use_beam_search"),
+    ({"use_beam_search": "true", "n": "50"}, "n"),
 ])
 def test_bad_fields_are_400_naming_the_field(server, fields, param):
     with open(clip_path("en", "hello_world"), "rb") as f:

@@ -25,6 +25,7 @@ import torch
 import xgrammar as xgr
 
 from .features import log_mel_spectrogram
+from .beam_search import BeamGroup, Hypothesis
 from .logit_rules import apply_text_rules
 from .model import Whisper
 from .params import DecodeParams, SequenceResult, StepEvent
@@ -76,6 +77,8 @@ class _Sequence:
     text_start: int | None = None
     matcher: object = None
     generator: torch.Generator | None = None
+    group: BeamGroup | None = None  # set: this is one beam of a beam-search sequence
+    beam_logprobs: list[float] = field(default_factory=list)  # a beam's generated log-probabilities
 
     def __post_init__(self):
         self.tokens = list(self.params.prompt_ids)
@@ -96,6 +99,13 @@ class _Sequence:
         self.tokens.append(token)
         if self.text_start is None and token in self.params.text_start_after_ids:
             self.text_start = len(self.tokens)
+
+    @property
+    def slots_needed(self) -> int:
+        return max(1, self.params.beam_size)
+
+    def as_hypothesis(self) -> Hypothesis:
+        return Hypothesis(self.tokens[len(self.params.prompt_ids) :], list(self.beam_logprobs))
 
 
 # Encoder outputs kept for retries of the same window: 1500 x 512 floats (3 MB) each.
@@ -137,6 +147,8 @@ class BatchEngine:
     def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
         if len(params.prompt_ids) >= self.dims.n_text_ctx:
             raise ValueError(f"prompt of {len(params.prompt_ids)} tokens exceeds the {self.dims.n_text_ctx}-token context")
+        if params.beam_size > self.max_batch_size:
+            raise ValueError(f"{params.beam_size} beams exceed the engine's {self.max_batch_size} slots")
         stream = SequenceStream(asyncio.get_running_loop())
         self.submitted_total += 1
         with self._wake:
@@ -168,13 +180,16 @@ class BatchEngine:
                     self._wake.wait()
                 if self._stopping:
                     break
-                admitted = []
-                while self._pending and len(self._active) + len(admitted) < self.max_batch_size and len(admitted) < self.max_encode_batch:
+                admitted: list[_Sequence] = []
+                windows = 0
+                while (self._pending and windows < self.max_encode_batch
+                       and len(self._active) + len(admitted) + self._pending[0].slots_needed <= self.max_batch_size):
                     seq = self._pending.popleft()
                     if seq.stream.cancelled.is_set():
                         self._finish_unslotted(seq, "cancelled")
                     else:
-                        admitted.append(seq)
+                        admitted += _with_beams(seq)
+                        windows += 1
             try:
                 with torch.inference_mode():
                     if admitted:
@@ -231,7 +246,7 @@ class BatchEngine:
         """Encoder output for each sequence's audio. The last few windows' outputs are kept,
         keyed by the audio array itself: a retry of the same window (temperature fallback, an
         outlier re-decode, a detection pass) skips the encoder, the costliest part of a decode."""
-        todo = [s for s in seqs if _cached(self._encoded, s.audio) is None]
+        todo = list({id(s.audio): s for s in seqs if _cached(self._encoded, s.audio) is None}.values())
         if todo:
             mel = torch.stack([log_mel_spectrogram(s.audio, self.dims.n_mels) for s in todo])
             with torch.autocast("cpu", dtype=self.encoder_dtype or torch.bfloat16, enabled=self.encoder_dtype is not None):
@@ -302,7 +317,11 @@ class BatchEngine:
         chosen = self._sample(seqs, logits)
 
         finished: list[tuple[int, str]] = []
+        groups: dict[int, BeamGroup] = {}
         for i, s in enumerate(seqs):
+            if s.group is not None:  # beams advance together, below
+                groups[id(s.group)] = s.group
+                continue
             token = chosen[i]
             lp = float(logprobs[i, token])
             if lp == float("-inf"):  # every token was masked: the constraint has no way on
@@ -319,8 +338,50 @@ class BatchEngine:
                 finished.append((i, "stop"))
             elif s.n_generated >= s.params.max_new_tokens or len(s.tokens) >= self.dims.n_text_ctx:
                 finished.append((i, "length"))
+        for group in groups.values():
+            finished += self._advance_beams(group, logprobs)
         for i, reason in sorted(finished, reverse=True):
             self._release(i, reason)
+
+    def _advance_beams(self, group: BeamGroup, logprobs: torch.Tensor) -> list[tuple[int, str]]:
+        """One beam-search step for ``group``: its slots take the best continuations (KV rows,
+        tokens and grammar state copied from their parent beams); returns slots to release."""
+        slots = [i for i, s in enumerate(self._active) if s.group is group]
+        beams = [self._active[i] for i in slots]
+        chosen = group.select([b.as_hypothesis() for b in beams], logprobs[slots])
+        if chosen:
+            parents = [slots[p] for p, _, _ in chosen]
+            targets = slots[: len(chosen)]
+            for k, v in self._self_kv:  # the right side is gathered (copied) before writing
+                k[targets] = k[parents]
+                v[targets] = v[parents]
+            states, claimed = [], set()
+            for p, token, lp in chosen:
+                parent = beams[p]
+                matcher = parent.matcher if p not in claimed or parent.matcher is None else parent.matcher.fork()
+                claimed.add(p)
+                states.append((list(parent.tokens), parent.text_start, matcher, parent.beam_logprobs + [lp], token))
+            for beam, (tokens, text_start, matcher, beam_logprobs, token) in zip(beams, states):
+                beam.tokens, beam.text_start, beam.matcher, beam.beam_logprobs = tokens, text_start, matcher, beam_logprobs
+                beam.append(token)
+                if beam.matcher is not None:
+                    beam.matcher.accept_token(token)
+        live = beams[: len(chosen)]
+        release = [(i, "pruned") for i in slots[len(chosen) :]]
+        head = live[0] if live else beams[0]
+        at_limit = any(b.n_generated >= b.params.max_new_tokens or len(b.tokens) >= self.dims.n_text_ctx for b in live)
+        if not group.done(len(live), at_limit):
+            return release
+        best = group.best([b.as_hypothesis() for b in live])
+        result = head.stream.result
+        result.token_ids, result.logprobs = list(best.tokens), list(best.logprobs)
+        reason = "stop" if best.tokens and best.tokens[-1] == group.eot_id else "length"
+        if head.params.alignment_heads:
+            self._record_cross_attention(slots[0], head, list(head.params.prompt_ids) + best.tokens)
+        for token, lp in zip(best.tokens, best.logprobs):
+            head.stream._emit(StepEvent(token, lp))
+        group.finish_reason = reason
+        return [(i, reason) for i in slots]
 
     def _mask(self, seqs: list[_Sequence], logits: torch.Tensor) -> None:
         n = len(seqs)
@@ -349,8 +410,8 @@ class BatchEngine:
     def _release(self, index: int, reason: str) -> None:
         """Finish the sequence in ``index`` and move the last active sequence into its slot."""
         seq = self._active[index]
-        if seq.params.alignment_heads and reason in ("stop", "length"):
-            self._record_cross_attention(index, seq)
+        if seq.params.alignment_heads and reason in ("stop", "length") and seq.group is None:
+            self._record_cross_attention(index, seq, seq.tokens)
         last = len(self._active) - 1
         if index != last:
             moved = self._active[last]
@@ -363,12 +424,18 @@ class BatchEngine:
                 v[index] = v[last]
             self._active[index] = moved
         self._active.pop()
+        if seq.group is not None:
+            seq.group.live -= 1
+            if seq.group.live > 0:
+                return  # the other beams of its group still decode
+            reason = seq.group.finish_reason or reason
         self._finish_unslotted(seq, reason)
 
-    def _record_cross_attention(self, slot: int, seq: _Sequence) -> None:
+    def _record_cross_attention(self, slot: int, seq: _Sequence, all_tokens: list[int]) -> None:
         """While the slot still holds the audio's K/V: the alignment heads' attention for every
-        generated token, from one teacher-forced pass (word timing needs it, decoding does not)."""
-        tokens = torch.tensor([seq.tokens[:-1]])  # inputs: each position predicts the next token
+        generated token of ``all_tokens`` (prompt + generated), from one teacher-forced pass
+        (word timing needs it, decoding does not)."""
+        tokens = torch.tensor([all_tokens[:-1]])  # inputs: each position predicts the next token
         cross = [(k[slot : slot + 1], v[slot : slot + 1]) for k, v in self._cross_kv]
         weights = self.model.decoder.cross_attention(tokens, cross, list(seq.params.alignment_heads))
         first = len(seq.params.prompt_ids) - 1
@@ -380,6 +447,17 @@ class BatchEngine:
         seq.stream.result.finish_reason = reason
         seq.stream.result.error = error
         seq.stream._emit(None)
+
+
+def _with_beams(seq: _Sequence) -> list[_Sequence]:
+    """A beam-search sequence becomes ``beam_size`` beams sharing its stream and audio."""
+    if seq.params.beam_size <= 1:
+        return [seq]
+    group = BeamGroup(seq.params.beam_size, seq.params.eot_id, seq.params.length_penalty, live=seq.params.beam_size)
+    beams = [seq] + [_Sequence(seq.params, seq.audio, seq.stream) for _ in range(seq.params.beam_size - 1)]
+    for beam in beams:
+        beam.group = group
+    return beams
 
 
 def _cached(cache: collections.OrderedDict, audio: np.ndarray) -> torch.Tensor | None:

@@ -36,6 +36,9 @@ class DecodeParams:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    # Beam search (greedy when 1): beams that each hold a slot; the grammar holds in every beam.
+    beam_size: int = 1
+    length_penalty: float | None = None  # None: rank by log-probability per token
     # (layer, head) pairs whose cross-attention is returned for word timing (empty: none).
     alignment_heads: tuple[tuple[int, int], ...] = ()
 

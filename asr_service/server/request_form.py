@@ -118,6 +118,12 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         raise _bad("stream", f"Streaming returns text events; use response_format json or text, not {response_format!r}",
                    code="unsupported_value")
 
+    beams = 1
+    if _bool(form, "use_beam_search"):
+        beams = _number(form, "n", int, 1, 8) or 5  # faster-whisper's default beam size
+    if beams > 1 and stream:
+        raise _bad("use_beam_search", "Beam search picks the best beam at the end; it cannot stream. Use stream=false",
+                   code="unsupported_value")
     top_k = _number(form, "top_k", int, -1, 100000)
     defaults = QualityThresholds()
     thresholds = QualityThresholds(
@@ -143,6 +149,8 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         hotwords=_text(form, "hotwords"),
         vad_filter=_bool(form, "vad_filter", True),
         word_timestamps=word_timestamps,
+        beam_size=beams,
+        length_penalty=_number(form, "length_penalty", float, 0.0, 10.0),
     )
     return TranscriptionRequest(
         file=file,
