@@ -29,7 +29,6 @@ class DecodeFigures:
     no_speech_prob: float | None
     parsed: bool  # the output parsed (a fused prefix that came apart always retries)
     speech_found: bool = True  # False: the speech gate heard none, and nothing was decoded
-    ended: bool = True  # the model ended the text itself (False: cut off by the token budget)
 
 
 def compression_ratio(text: str) -> float:
@@ -63,17 +62,17 @@ def needs_fallback(f: DecodeFigures, t: QualityThresholds) -> bool:
 
 
 def pick_best(attempts: list[DecodeFigures], t: QualityThresholds) -> int:
-    """Index of the decode to keep: the first that passes. If none does, the most likely one
-    that the model ended by itself: speech that really repeats a sentence compresses like a loop,
-    but a runaway loop runs into the token budget (faster-whisper would keep a worse, sampled
-    decode there). Failing that, the most likely non-loop, else the most likely of all."""
+    """Index of the decode to keep: the first that passes; if none does, the most likely one
+    among those that are not loops (faster-whisper's choice), else the most likely of all.
+
+    Measured trade-off: speech that really repeats a sentence compresses like a loop, and then a
+    worse sampled decode is kept. Preferring decodes the model ended by itself fixed that on the
+    bench's repetitive long file, but kept int8's timestamp-mode loops (they end at 30 s), so
+    loops win: this is faster-whisper's rule."""
     for i, f in enumerate(attempts):
         if not needs_fallback(f, t):
             return i
     candidates = [i for i, f in enumerate(attempts) if f.parsed]
-    ended = [i for i in candidates if attempts[i].ended]
-    if ended:
-        return max(ended, key=lambda i: attempts[i].avg_logprob)
     if t.compression_ratio is not None:
         not_loops = [i for i in candidates if attempts[i].compression_ratio <= t.compression_ratio]
         candidates = not_loops or candidates

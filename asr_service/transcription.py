@@ -194,7 +194,6 @@ class Transcriber:
             compression_ratio=compression_ratio(parsed.text or ""),
             no_speech_prob=adapter.no_speech_probability(result.probe_probs),
             parsed=parsed.failure is None,
-            ended=result.finish_reason == "stop",
         )
         probs = adapter.language_probabilities(result.probe_probs, options.candidate_languages)
         return ChunkOutcome(chunk, params, result, probs, parsed, figures)

@@ -6,8 +6,8 @@ from asr_service.language_vote import is_outlier, vote
 T = QualityThresholds()
 
 
-def figures(temperature=0.0, logprob=-0.2, ratio=1.0, no_speech=0.01, ended=True, parsed=True, speech=True):
-    return DecodeFigures(temperature, logprob, ratio, no_speech, parsed, speech_found=speech, ended=ended)
+def figures(temperature=0.0, logprob=-0.2, ratio=1.0, no_speech=0.01, parsed=True, speech=True):
+    return DecodeFigures(temperature, logprob, ratio, no_speech, parsed, speech_found=speech)
 
 
 def test_retry_triggers():
@@ -27,14 +27,11 @@ def test_the_first_passing_decode_is_kept():
     assert pick_best(attempts, T) == 2
 
 
-def test_when_none_passes_a_decode_the_model_ended_beats_a_runaway_loop():
-    repeated_speech = figures(0.0, logprob=-0.2, ratio=2.6, ended=True)
-    runaway = figures(0.0, logprob=-0.1, ratio=9.0, ended=False)
-    sampled = figures(0.8, logprob=-1.6, ratio=1.0, ended=True)
-    assert pick_best([repeated_speech, sampled], T) == 0
-    assert pick_best([runaway, sampled], T) == 1
-    # Nothing ended by itself: faster-whisper's rule, the most likely non-loop.
-    assert pick_best([runaway, figures(0.2, logprob=-1.4, ratio=1.5, ended=False)], T) == 1
+def test_when_none_passes_the_most_likely_non_loop_is_kept():
+    loop = figures(0.0, logprob=-0.1, ratio=9.0)
+    sampled = [figures(0.2, logprob=-1.6, ratio=1.0), figures(0.4, logprob=-1.3, ratio=2.0), figures(0.6, logprob=-0.9, ratio=3.0)]
+    assert pick_best([loop] + sampled, T) == 2  # -1.3 beats -1.6; the likelier ones are loops
+    assert pick_best([loop, figures(0.2, logprob=-0.5, ratio=4.0)], T) == 0  # all loops: the most likely
 
 
 def test_vote_and_outliers():
