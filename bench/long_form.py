@@ -3,7 +3,8 @@
     python -m bench.long_form [--quantize int8] [--out FILE]
 
 On the 27 pytest-audioeval clips (all at once, one batch) and on the bench's long file: WER
-with and without temperature fallback, and throughput with and without word timestamps.
+with and without temperature fallback and beam search, and throughput with and without word
+timestamps.
 Ratios of one run are what to quote; absolute seconds on a shared machine drift.
 """
 
@@ -33,6 +34,8 @@ VARIANTS = {
     "fallback + word timestamps": TranscriptionOptions(word_timestamps=True),
     "fallback + segment timestamps": TranscriptionOptions(timestamps=True),
     "fallback + segment and word timestamps": TranscriptionOptions(timestamps=True, word_timestamps=True),
+    "beam search (5), no fallback": TranscriptionOptions(beam_size=5, fallback_temperatures=()),
+    "beam search (5) + fallback": TranscriptionOptions(beam_size=5),
 }
 
 
