@@ -34,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--prompt", help="previous-text context for the decode")
     t.add_argument("--temperature", type=float, default=0.0)
     t.add_argument("--seed", type=int)
+    t.add_argument("--beam-size", type=int, default=1, help="beam search with this many beams (default: greedy)")
+    t.add_argument("--word-timestamps", action="store_true", help="words with start/end times (verbose_json)")
+    t.add_argument("--no-temperature-fallback", action="store_true", help="never decode a window again hotter")
+    t.add_argument("--no-vad-filter", action="store_true", help="decode windows the speech gate hears no speech in")
+    t.add_argument("--detect-language-per-chunk", action="store_true", help="each 30 s chunk keeps its own language")
     t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     t.add_argument("--quantize", choices=QUANTIZATIONS, help=QUANTIZE_HELP)
     t.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest input file in bytes")
@@ -82,6 +87,11 @@ async def _transcribe_files(args, runtime) -> int:
         previous_text=args.prompt,
         temperature=args.temperature,
         seed=args.seed,
+        beam_size=args.beam_size,
+        word_timestamps=args.word_timestamps,
+        fallback_temperatures=() if args.no_temperature_fallback else TranscriptionOptions.fallback_temperatures,
+        vad_filter=not args.no_vad_filter,
+        detect_language_per_chunk=args.detect_language_per_chunk,
     )
     audios: list = []
     for path in args.files:

@@ -41,3 +41,11 @@ def test_cli_rejects_unknown_language_and_model():
     done = subprocess.run([CLI, "transcribe", str(clip_path("es", "conteo")), "--model", "no-such-model"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "whisper-base" in done.stderr
+
+
+def test_cli_word_timestamps_with_beam_search():
+    done = subprocess.run([CLI, "transcribe", str(clip_path("en", "quick_brown_fox")), "--response-format", "verbose_json",
+                           "--word-timestamps", "--beam-size", "3"], capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(done.stdout)
+    assert [w["word"] for w in result["words"]] == result["text"].split()
+    assert all(0 <= w["start"] <= w["end"] <= result["duration"] + 0.05 for w in result["words"])
