@@ -86,6 +86,8 @@ async def stream_transcription(
             hold = False  # a window that may hold no speech: its text waits for the verdict
             async for event in stream:
                 tokens.append(event.token_id)
+                if len(tokens) == 1:  # the probe (no-speech probability) is in by the first token
+                    hold = may_be_silent(adapter.no_speech_probability(stream.result.probe_probs), thresholds)
                 if body_start is None:
                     if len(tokens) < need:
                         continue
@@ -94,7 +96,6 @@ async def stream_transcription(
                         yield StreamFailed(f"{DETECTION_FAILED} ({head.failure})")
                         return
                     body_start, language = head.prefix_length, head.language
-                    hold = may_be_silent(adapter.no_speech_probability(stream.result.probe_probs), thresholds)
                 if not hold:
                     delta, sent = _next_delta(adapter.decode_text(tokens[body_start:]), sent, emitted, adapter.joiner(language))
                     if delta:

@@ -296,6 +296,18 @@ def test_missing_file_not_multipart_unknown_route_wrong_method(server):
     still_healthy(server)
 
 
+@pytest.mark.parametrize("fields", [{"vad_filter": "false", "language": "en"}, {"vad_filter": "false"}, {}],
+                         ids=["no-gate-language-given", "no-gate-detect", "gate"])
+def test_streaming_a_tone_sends_no_invented_text(server, fields):
+    """Whisper invents "you" / "Thank you." on a tone; the speech gate, or else the held-back
+    no-speech window, keeps it from the client."""
+    t = np.arange(16000 * 8) / 16000
+    tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    r = post(server, {"stream": "true", **fields}, {"file": ("tone.wav", wav_bytes(tone), "audio/wav")})
+    payloads = [json.loads(e) for e in sse_events(r)[:-1]]
+    assert [p["type"] for p in payloads] == ["transcript.text.done"] and payloads[0]["text"] == ""
+
+
 def test_long_input_streams_chunk_after_chunk_in_order(server):
     audio = np.concatenate([load_clip("en", "quick_brown_fox"), np.zeros(16000 * 8, np.float32)] * 4
                            + [load_clip("en", "hello_world")] * 6)
