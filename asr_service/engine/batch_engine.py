@@ -373,6 +373,9 @@ class BatchEngine:
         if not group.done(len(live), at_limit):
             return release
         best = group.best([b.as_hypothesis() for b in live])
+        if best is None:  # every continuation was masked: end this group only, like a greedy dead end
+            group.finish_reason = "grammar"
+            return [(i, "grammar") for i in slots]
         result = head.stream.result
         result.token_ids, result.logprobs = list(best.tokens), list(best.logprobs)
         reason = "stop" if best.tokens and best.tokens[-1] == group.eot_id else "length"

@@ -60,9 +60,10 @@ class BeamGroup:
     def done(self, n_live: int, at_limit: bool) -> bool:
         return len(self.finished) >= self.size or n_live == 0 or at_limit
 
-    def best(self, live: list[Hypothesis]) -> Hypothesis:
+    def best(self, live: list[Hypothesis]) -> Hypothesis | None:
+        """The hypothesis to return; None when the constraint left no way on from the start."""
         candidates = self.finished + (live if len(self.finished) < self.size else [])
-        return max(candidates, key=self._ranked)
+        return max(candidates, key=self._ranked, default=None)
 
     def _ranked(self, h: Hypothesis) -> float:
         n = max(1, len(h.tokens))
