@@ -163,9 +163,8 @@ class Transcriber:
         if language is None and options.detection == "two-stage":
             language = await self._detect_two_stage(chunk, options)
         first = await self._run(chunk, self.params_for(options, language, previous_text), options)
-        if options.temperature > 0:
-            return first  # the caller chose sampling: no fallback
-        if not options.fallback_temperatures or not needs_fallback(first.figures, options.thresholds):
+        # The caller chose sampling (temperature > 0) or no fallback, or the decode passed.
+        if options.temperature > 0 or not options.fallback_temperatures or not needs_fallback(first.figures, options.thresholds):
             return first
         # Retries keep the first decode's prefix: its language goes into the prompt, and the
         # (fixed-language) grammar still holds the text to the model's token rules. They run
