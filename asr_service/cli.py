@@ -13,6 +13,7 @@ from adapters.base import UnsupportedLanguageError
 
 from .audio import AudioError, AudioLimits, decode_audio
 from .formats import RESPONSE_FORMATS, TIMED_FORMATS, render
+from .realtime.session import RealtimeLimits
 from .model_loading import DEFAULT_MODEL, ModelLoadError
 from .runtime import QUANTIZATIONS
 from .transcription import TranscriptionOptions
@@ -57,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
     s.add_argument("--detection-mode", choices=("fused", "two-stage"), default="fused",
                    help="two-stage (separate detection decode) is a baseline for bench/ only")
+    s.add_argument("--max-realtime-sessions", type=int, default=RealtimeLimits.max_sessions,
+                   help="concurrent /v1/realtime sessions; more are refused")
+    s.add_argument("--realtime-idle-timeout", type=float, default=RealtimeLimits.idle_timeout_s,
+                   help="seconds without client events before a realtime session is closed")
+    s.add_argument("--realtime-max-buffer-seconds", type=float, default=RealtimeLimits.max_buffer_seconds,
+                   help="audio a realtime session may hold untranscribed")
     s.add_argument("--log-level", default="info")
     return parser
 
@@ -68,7 +75,10 @@ def _serve(args) -> int:
 
     settings = ServerSettings(
         model=args.model, served_model_name=args.served_model_name, threads=args.threads,
-        max_batch_size=args.max_batch_size, detection=args.detection_mode, quantize=args.quantize, limits=AudioLimits(args.max_bytes, args.max_seconds),
+        max_batch_size=args.max_batch_size, detection=args.detection_mode, quantize=args.quantize,
+        limits=AudioLimits(args.max_bytes, args.max_seconds),
+        realtime=RealtimeLimits(max_sessions=args.max_realtime_sessions, idle_timeout_s=args.realtime_idle_timeout,
+                                max_buffer_seconds=args.realtime_max_buffer_seconds),
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -11,6 +11,7 @@ The scan stops at the first stretch of speech, so windows with speech pay almost
 
 from __future__ import annotations
 
+import copy
 import threading
 import warnings
 
@@ -33,6 +34,11 @@ class SpeechGate:
         self.threshold = threshold
         self._min_frames = max(1, round(min_speech_seconds * SAMPLE_RATE / FRAME))
         self._lock = threading.Lock()  # the model carries recurrent state between frames
+
+    def model_copy(self) -> torch.nn.Module:
+        """A Silero model of the caller's own (streaming VAD keeps state in it)."""
+        with self._lock:
+            return copy.deepcopy(self._model)
 
     def has_speech(self, samples: np.ndarray) -> bool:
         """True once ``min_speech_seconds`` of consecutive frames score above the threshold."""

@@ -83,6 +83,8 @@ class TranscriptionResult:
     words: list[Word] | None = None  # with word_timestamps: every word, times from the audio start
     # Why language detection failed on some chunk (None when it did not).
     detection_failure: str | None = None
+    prompt_tokens: int = 0  # over the kept decodes of all chunks
+    output_tokens: int = 0
 
 
 @dataclass
@@ -302,4 +304,6 @@ class Transcriber:
             task=options.task, text=text.strip(), language=language, language_probability=probability,
             duration=round(duration, 3), segments=segments, words=words if options.word_timestamps else None,
             detection_failure="; ".join(failures) if failures else None,
+            prompt_tokens=sum(len(o.params.prompt_ids) for o in outcomes if o.params is not None),
+            output_tokens=sum(len(o.result.token_ids) for o in outcomes if o.params is not None),
         )

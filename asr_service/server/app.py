@@ -1,4 +1,5 @@
-"""FastAPI app: /v1/audio/transcriptions, /v1/audio/translations, /v1/models, /health.
+"""FastAPI app: /v1/audio/transcriptions, /v1/audio/translations, /v1/models, /health, the
+/v1/realtime WebSocket, and the browser page at /.
 
 Start-up loads the model and runs warmup in the background; until both are done every
 route but /health answers 503 (OpenAI error shape) and /health says 503 too.
@@ -13,8 +14,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pathlib import Path
+
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 
 from warmup import WarmupReport, run_warmup
@@ -22,9 +26,11 @@ from warmup import WarmupReport, run_warmup
 from ..audio import AudioError, AudioLimits, AudioTooLargeError, InvalidAudioError, decode_audio
 from ..formats import render, to_json, to_verbose_json
 from ..model_loading import DEFAULT_MODEL
+from ..realtime.session import RealtimeLimits
 from ..runtime import Runtime, build_runtime
 from ..streaming import stream_transcription
 from .errors import OpenAIError, install_error_handlers
+from .realtime_ws import SessionSlots, realtime_endpoint
 from .request_form import TranscriptionRequest, parse_transcription_form
 from .sse import chunk_events, openai_events
 
@@ -41,6 +47,7 @@ class ServerSettings:
     detection: str = "fused"
     quantize: str | None = None  # see runtime.QUANTIZATIONS
     limits: AudioLimits = field(default_factory=AudioLimits)
+    realtime: RealtimeLimits = field(default_factory=RealtimeLimits)
 
     @property
     def model_name(self) -> str:
@@ -69,15 +76,24 @@ class ServerState:
             log.exception("start-up failed")
             self.startup_error = f"{type(e).__name__}: {e}"
 
+    @property
+    def not_ready_reason(self) -> str | None:
+        if self.ready:
+            return None
+        return f"start-up failed: {self.startup_error}" if self.startup_error else "the model is loading and warming up"
+
     def require_ready(self) -> Runtime:
         if not self.ready:
-            why = f"start-up failed: {self.startup_error}" if self.startup_error else "the model is loading and warming up"
-            raise OpenAIError(503, f"Service not ready: {why}. Retry shortly.", code="not_ready")
+            raise OpenAIError(503, f"Service not ready: {self.not_ready_reason}. Retry shortly.", code="not_ready")
         return self.runtime
+
+
+PAGE_DIR = Path(__file__).parent / "page"
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     state = ServerState(settings or ServerSettings())
+    realtime_slots = SessionSlots(state.settings.realtime.max_sessions)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -98,7 +114,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return {"status": "ok", "model": state.settings.model_name, "warmup_seconds": state.warmup.total_seconds,
                 "warmup_variants": state.warmup.variants, "active_sequences": state.runtime.engine.active_count,
                 "queued_sequences": state.runtime.engine.queued_count,
-                "cancelled_sequences": state.runtime.engine.cancelled_total}
+                "cancelled_sequences": state.runtime.engine.cancelled_total,
+                "realtime_sessions": realtime_slots.active}
 
     @app.get("/v1/models")
     async def models():
@@ -113,6 +130,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @app.post("/v1/audio/translations")
     async def translations(request: Request):
         return await _handle(request, state, "translate")
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket):
+        await realtime_endpoint(ws, state.runtime if state.ready else None, state.not_ready_reason, realtime_slots,
+                                state.settings.realtime, state.settings.model_name)
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(PAGE_DIR / "index.html")
+
+    app.mount("/page", StaticFiles(directory=PAGE_DIR), name="page")
 
     return app
 

@@ -1,0 +1,352 @@
+"""A realtime transcription session, free of any wire protocol: 16 kHz audio in, events out.
+
+Audio is cut into utterances: by the client's commits, or by server VAD when the session has
+turn detection, or at 30 s (Whisper's window) when speech runs on without a pause. While an
+utterance grows, a worker re-decodes all of it every ``partial_interval_s`` of new audio and
+sends the text that two consecutive decodes agree on (see stable_text); once the utterance is
+closed, one full decode (with temperature fallback) gives the rest and the final text. The
+deltas of an utterance always concatenate to its final text.
+
+Every decode goes through the Transcriber, so the fused language prefix is parsed before any
+text is used, windows the speech gate hears nothing in give no text, and cancelling the
+worker (a client that went away) frees the engine slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from ..chunking import split_audio
+from ..transcription import Transcriber, TranscriptionOptions
+from .input_audio import InputFormat
+from .stable_text import agreed, continuation, extension
+from .turn_detection import SAMPLE_RATE, TurnDetectionSettings, TurnDetector
+
+log = logging.getLogger(__name__)
+
+MIN_COMMIT_SECONDS = 0.1  # OpenAI's rule: a commit needs at least 100 ms of audio
+MIN_PARTIAL_SECONDS = 1.0  # shorter audio gives too little for a partial decode to agree on
+MAX_UTTERANCE_SECONDS = 30.0  # Whisper's window
+
+
+def partial_token_budget(seconds: float) -> int:
+    """Tokens a partial decode may spend: speech runs at most ~12 tokens a second (CJK), so a
+    decode that needs more is looping on cut-off audio ("8, 8, 8, ..."): it stops early and is
+    not used, instead of holding the worker for seconds."""
+    return int(10 + 15 * seconds)
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    language: str | None = None  # None: detected per utterance, in the same decode
+    prompt: str | None = None
+    input_format: InputFormat = InputFormat()
+    turn_detection: TurnDetectionSettings | None = None  # None: the client commits
+
+
+@dataclass(frozen=True)
+class RealtimeLimits:
+    max_sessions: int = 8
+    idle_timeout_s: float = 60.0  # no client event for this long closes the session
+    max_buffer_seconds: float = 300.0  # audio received but not yet transcribed
+    partial_interval_s: float = 1.0  # re-decode a growing utterance after this much new audio
+
+
+# ---- events (the protocol module turns them into wire JSON) ----
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    item_id: str
+    audio_start_ms: int
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    item_id: str
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class Committed:
+    item_id: str
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True)
+class Cleared:
+    pass
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    item_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Completed:
+    item_id: str
+    text: str  # exactly the concatenation of the item's deltas
+    language: str | None
+    seconds: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    item_id: str
+    message: str
+    code: str
+
+
+@dataclass(frozen=True)
+class SessionError:
+    message: str
+    code: str
+    param: str | None = None
+
+
+SessionEvent = SpeechStarted | SpeechStopped | Committed | Cleared | TextDelta | Completed | Failed | SessionError
+
+
+@dataclass
+class Utterance:
+    item_id: str
+    pieces: list[np.ndarray] = field(default_factory=list)
+    samples: int = 0
+    decoded_samples: int = 0  # audio length at the last partial decode
+    previous: tuple[str | None, str] | None = None  # (language, text) of the last partial decode
+    sent: list[str] = field(default_factory=list)  # units already sent as deltas
+    language: str | None = None  # fixed once text has been sent, so later decodes agree with it
+
+    def add(self, samples: np.ndarray) -> None:
+        if samples.size:
+            self.pieces.append(samples)
+            self.samples += samples.shape[0]
+
+    def audio(self) -> np.ndarray:
+        if len(self.pieces) > 1:
+            self.pieces = [np.concatenate(self.pieces)]
+        return self.pieces[0] if self.pieces else np.zeros(0, dtype=np.float32)
+
+
+class RealtimeSession:
+    def __init__(self, transcriber: Transcriber, emit: Callable[[SessionEvent], None],
+                 limits: RealtimeLimits = RealtimeLimits(), config: SessionConfig = SessionConfig()):
+        self.transcriber = transcriber
+        self.emit = emit
+        self.limits = limits
+        self.config = config
+        self.input_finished = False  # a final commit came: no more audio
+        self._position = 0  # samples received so far: the stream clock
+        self._current: Utterance | None = None
+        self._closed: deque[Utterance] = deque()  # committed, awaiting their final decode
+        self._last_item: str | None = None
+        self._recent = np.zeros(0, dtype=np.float32)  # VAD mode: audio kept as prefix padding
+        self._detector: TurnDetector | None = None
+        self._wake = asyncio.Event()
+        self._partial: tuple[Utterance, asyncio.Future] | None = None
+        self._ids = (f"item_{uuid.uuid4().hex[:12]}_{i}" for i in itertools.count())
+        self.configure(config)
+
+    # ---- client actions ----
+
+    def configure(self, config: SessionConfig) -> None:
+        vad_changed = config.turn_detection != self.config.turn_detection or self._detector is None
+        self.config = config
+        if vad_changed:
+            gate = self.transcriber.gate
+            if config.turn_detection is not None and gate is None:
+                raise ValueError("server VAD needs the speech gate's Silero model, and this server has none")
+            self._detector = (TurnDetector(gate.model_copy(), config.turn_detection, self._position)
+                              if config.turn_detection is not None else None)
+
+    async def append(self, samples: np.ndarray) -> None:
+        if self.input_finished:
+            self.emit(SessionError("The input was already finished by a final commit; open a new session",
+                                   "input_finished"))
+            return
+        if self.buffered_seconds + samples.shape[0] / SAMPLE_RATE > self.limits.max_buffer_seconds:
+            self.emit(SessionError(f"Audio buffer full: more than {self.limits.max_buffer_seconds:g} s received and "
+                                   "not yet transcribed; this frame was dropped. Send audio no faster than real "
+                                   "time, or commit", "buffer_full"))
+            return
+        start = self._position
+        self._position += samples.shape[0]
+        if self._detector is None:
+            self._route(samples)
+        else:
+            detector = self._detector
+            boundaries = await asyncio.to_thread(detector.feed, samples)
+            cursor = start
+            for boundary in boundaries:
+                cut = min(max(boundary.sample, cursor), self._position)
+                self._route(samples[cursor - start : cut - start])
+                cursor = cut
+                if boundary.kind == "start":
+                    self._speech_started(boundary.sample)
+                else:
+                    self._speech_stopped(boundary.sample)
+            self._route(samples[cursor - start :])
+        self._split_long_utterance()
+        self._wake.set()
+
+    def commit(self, final: bool = False) -> None:
+        utterance = self._current
+        if utterance is None or utterance.samples < MIN_COMMIT_SECONDS * SAMPLE_RATE:
+            have = 0 if utterance is None else utterance.samples / SAMPLE_RATE * 1000
+            if not (final and (self._closed or self._partial)):  # a final commit after the last turn is fine
+                self.emit(SessionError(f"Error committing input audio buffer: at least {MIN_COMMIT_SECONDS * 1000:.0f} "
+                                       f"ms of audio is needed, the buffer has {have:.0f} ms",
+                                       "input_audio_buffer_commit_empty"))
+        else:
+            self._close(utterance)
+        if final:
+            self.input_finished = True
+
+    def clear(self) -> None:
+        if self._current is not None:
+            self._stop_partial(self._current)
+        self._current = None
+        self._recent = np.zeros(0, dtype=np.float32)
+        self.emit(Cleared())
+
+    @property
+    def buffered_seconds(self) -> float:
+        pending = sum(u.samples for u in self._closed) + (self._current.samples if self._current else 0)
+        return pending / SAMPLE_RATE
+
+    @property
+    def idle(self) -> bool:
+        """Nothing left to transcribe."""
+        return self._current is None and not self._closed and self._partial is None
+
+    # ---- audio routing ----
+
+    def _route(self, samples: np.ndarray) -> None:
+        if not samples.size:
+            return
+        if self._current is None and (self._detector is None or self._detector.in_speech):
+            self._current = Utterance(next(self._ids))
+        if self._current is not None:
+            self._current.add(samples)
+        else:  # VAD mode, no speech: keep only what the next turn's prefix padding needs
+            keep = int(self.config.turn_detection.prefix_padding_ms * SAMPLE_RATE / 1000)
+            self._recent = np.concatenate([self._recent, samples])[-keep:] if keep else self._recent[:0]
+
+    def _speech_started(self, sample: int) -> None:
+        if self._current is None:
+            self._current = Utterance(next(self._ids))
+            self._current.add(self._recent)
+            self._recent = np.zeros(0, dtype=np.float32)
+        self.emit(SpeechStarted(self._current.item_id, sample * 1000 // SAMPLE_RATE))
+
+    def _speech_stopped(self, sample: int) -> None:
+        if self._current is None:
+            return
+        self.emit(SpeechStopped(self._current.item_id, sample * 1000 // SAMPLE_RATE))
+        self._close(self._current)
+
+    def _split_long_utterance(self) -> None:
+        """Speech with no pause for 30 s: close the first window at its quietest point."""
+        utterance = self._current
+        if utterance is None or utterance.samples < MAX_UTTERANCE_SECONDS * SAMPLE_RATE:
+            return
+        audio = utterance.audio()
+        first = split_audio(audio, SAMPLE_RATE, MAX_UTTERANCE_SECONDS)[0]
+        utterance.pieces, utterance.samples = [first.samples], first.samples.shape[0]
+        self._close(utterance)
+        self._current = Utterance(next(self._ids))
+        self._current.add(audio[first.samples.shape[0]:])
+
+    def _close(self, utterance: Utterance) -> None:
+        self._stop_partial(utterance)  # its final decode supersedes it: the final text comes sooner
+        self._current = None if self._current is utterance else self._current
+        self.emit(Committed(utterance.item_id, self._last_item))
+        self._last_item = utterance.item_id
+        self._closed.append(utterance)
+        self._wake.set()
+
+    def _stop_partial(self, utterance: Utterance) -> None:
+        if self._partial is not None and self._partial[0] is utterance:
+            self._partial[1].cancel()
+
+    # ---- decoding (one worker per session; cancel it to free the engine) ----
+
+    async def run(self) -> None:
+        while True:
+            if self._closed:
+                await self._finish(self._closed[0])
+                self._closed.popleft()
+                continue
+            utterance = self._current
+            if utterance is not None and self._partial_due(utterance):
+                task = asyncio.ensure_future(self._decode_partial(utterance))
+                self._partial = (utterance, task)
+                try:
+                    await asyncio.wait({task})  # returns when it ends or is cancelled by a commit
+                finally:
+                    task.cancel()  # no-op when done; the worker itself was cancelled otherwise
+                    self._partial = None
+                continue
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _partial_due(self, utterance: Utterance) -> bool:
+        new = utterance.samples - utterance.decoded_samples
+        return utterance.samples >= MIN_PARTIAL_SECONDS * SAMPLE_RATE and new >= self.limits.partial_interval_s * SAMPLE_RATE
+
+    def _options(self, utterance: Utterance) -> TranscriptionOptions:
+        return TranscriptionOptions(language=utterance.language or self.config.language, previous_text=self.config.prompt)
+
+    async def _decode_partial(self, utterance: Utterance) -> None:
+        audio = utterance.audio()
+        utterance.decoded_samples = audio.shape[0]
+        budget = partial_token_budget(audio.shape[0] / SAMPLE_RATE)
+        # No temperature fallback: a partial that fails is simply not agreed with.
+        options = replace(self._options(utterance), fallback_temperatures=(), max_new_tokens=budget)
+        result = await self.transcriber.transcribe(audio, options)
+        usable = result.detection_failure is None and result.output_tokens < budget
+        latest = (result.language, result.text if usable else "")
+        log.debug("partial decode of %s at %.1f s: %r (usable: %s)", utterance.item_id, audio.shape[0] / SAMPLE_RATE,
+                  result.text, usable)
+        if utterance.previous is not None and utterance.previous[0] == latest[0] and latest[1]:
+            joiner = self.transcriber.adapter.joiner(latest[0])
+            stable = agreed(utterance.previous[1], latest[1], joiner)
+            delta = extension(utterance.sent, stable, joiner)
+            if delta:
+                utterance.language = latest[0]
+                utterance.sent = stable
+                self.emit(TextDelta(utterance.item_id, delta))
+        utterance.previous = latest
+
+    async def _finish(self, utterance: Utterance) -> None:
+        audio = utterance.audio()
+        try:
+            result = await self.transcriber.transcribe(audio, self._options(utterance))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the session goes on with the next utterance
+            self.emit(Failed(utterance.item_id, f"Transcription failed: {type(e).__name__}: {e}", "transcription_failed"))
+            return
+        if result.detection_failure is not None and not result.text and not utterance.sent:
+            self.emit(Failed(utterance.item_id, f"Language auto-detect failed: {result.detection_failure}",
+                             "language_detection_failed"))
+            return
+        language = utterance.language or result.language
+        joiner = self.transcriber.adapter.joiner(language)
+        rest = continuation(utterance.sent, result.text, joiner)
+        if rest:
+            self.emit(TextDelta(utterance.item_id, rest))
+        self.emit(Completed(utterance.item_id, joiner.join(utterance.sent) + rest, language,
+                            seconds=round(audio.shape[0] / SAMPLE_RATE, 3), prompt_tokens=result.prompt_tokens,
+                            output_tokens=result.output_tokens))

@@ -1,0 +1,228 @@
+"""/v1/realtime: one WebSocket connection = one RealtimeSession.
+
+The receive loop turns client events into session actions; a sender task writes the
+session's events in order; the session's worker decodes. Any bad event is answered with an
+``error`` event and the session goes on. A client that goes away (or stays silent past the
+idle timeout with nothing left to transcribe) ends the session, and cancelling its worker
+frees its engine slots at the next decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+
+from fastapi import WebSocket
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from ..realtime import protocol
+from ..realtime.input_audio import InputAudioDecoder, InputAudioError
+from ..realtime.protocol import OPENAI, VLLM, ProtocolError
+from ..realtime.session import RealtimeLimits, RealtimeSession, SessionConfig
+from ..runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is overloaded or not ready
+POLICY_VIOLATION = 1008
+
+
+class SessionSlots:
+    """The server-wide cap on concurrent realtime sessions."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.active = 0
+
+    def take(self) -> bool:
+        if self.active >= self.limit:
+            return False
+        self.active += 1
+        return True
+
+    def give_back(self) -> None:
+        self.active -= 1
+
+
+async def refuse(ws: WebSocket, dialect: str, message: str, code: str) -> None:
+    await ws.accept()
+    await ws.send_text(json.dumps(protocol.error_event(dialect, message, code)))
+    await ws.close(code=TRY_AGAIN_LATER, reason=code)
+
+
+def dialect_of(ws: WebSocket) -> str:
+    return OPENAI if ws.query_params.get("intent") == "transcription" else VLLM
+
+
+class RealtimeConnection:
+    def __init__(self, ws: WebSocket, runtime: Runtime, limits: RealtimeLimits, model_name: str):
+        self.ws = ws
+        self.runtime = runtime
+        self.limits = limits
+        self.model_name = model_name
+        self.dialect = dialect_of(ws)
+        # vLLM's clients start the session with a commit; OpenAI's may send audio at once.
+        self.started = self.dialect == OPENAI
+        self.session_id = f"sess_{uuid.uuid4().hex[:20]}"
+        self._outbox: asyncio.Queue[dict | None] = asyncio.Queue()
+        config = protocol.OPENAI_DEFAULTS if self.dialect == OPENAI else protocol.VLLM_DEFAULTS
+        self.session = RealtimeSession(runtime.transcriber, self._emit, limits, config)
+        self._decoder = InputAudioDecoder(config.input_format)
+        self._last_event = time.monotonic()
+
+    def _emit(self, event) -> None:
+        body = protocol.render(event, self.dialect)
+        if body is not None:
+            self._outbox.put_nowait(body)
+
+    def _error(self, message: str, code: str, param: str | None = None, event: dict | None = None) -> None:
+        client_id = event.get("event_id") if isinstance(event, dict) else None
+        self._outbox.put_nowait(protocol.error_event(self.dialect, message, code, param, client_id))
+
+    async def serve(self) -> None:
+        await self.ws.accept()
+        sender = asyncio.create_task(self._send_loop())
+        worker = asyncio.create_task(self.session.run())
+        self._outbox.put_nowait(protocol.session_created(self.dialect, self.session_id, int(time.time()),
+                                                         self.session.config, self.model_name))
+        try:
+            await self._receive_loop(worker)
+        finally:
+            worker.cancel()  # a departed client's decodes stop here
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await worker
+            self._outbox.put_nowait(None)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(sender, timeout=5)
+            if self.ws.application_state == WebSocketState.CONNECTED:
+                with contextlib.suppress(Exception):
+                    await self.ws.close()
+
+    async def _receive_loop(self, worker: asyncio.Task) -> None:
+        while True:
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), timeout=1.0)
+            except TimeoutError:
+                if worker.done():
+                    break
+                quiet = time.monotonic() - self._last_event
+                if quiet > self.limits.idle_timeout_s and self.session.idle:
+                    self._error(f"Session closed after {self.limits.idle_timeout_s:g} s without client events",
+                                "idle_timeout")
+                    return
+                continue
+            except (WebSocketDisconnect, RuntimeError):
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            self._last_event = time.monotonic()
+            if message.get("text") is None:
+                self._error("Binary frames are not accepted; send JSON text events (audio as base64 in "
+                            "input_audio_buffer.append)", "invalid_event")
+                continue
+            try:
+                event = json.loads(message["text"])
+            except json.JSONDecodeError as e:
+                self._error(f"Event is not valid JSON: {e}", "invalid_json")
+                continue
+            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                self._error("Event must be a JSON object with a string 'type'", "invalid_event", param="type")
+                continue
+            try:
+                await self._handle(event)
+            except (ProtocolError, InputAudioError) as e:
+                self._error(str(e), e.code, getattr(e, "param", None), event)
+
+    async def _handle(self, event: dict) -> None:
+        kind = event["type"]
+        if kind == "session.update":
+            self._update_session(event)
+        elif kind == "transcription_session.update":
+            self._switch_to(OPENAI)
+            session = protocol.require_object(event.get("session", {}), "session")
+            self._apply(protocol.legacy_session_update(self.session.config, session, self._validate_language))
+            self._outbox.put_nowait({"type": "transcription_session.updated", "event_id": protocol.new_event_id(),
+                                     "session": protocol.legacy_session_object(self.session_id, self.session.config,
+                                                                               self.model_name)})
+        elif kind == "input_audio_buffer.append":
+            if not self.started:
+                raise ProtocolError("Audio before the session started: send input_audio_buffer.commit first "
+                                    "(vLLM protocol), or connect with ?intent=transcription", "session_not_started")
+            await self.session.append(self._decoder.decode(event.get("audio")))
+        elif kind == "input_audio_buffer.commit":
+            final = event.get("final") is True
+            if not self.started:
+                self.started = True  # vLLM: the first commit says "ready", it commits nothing
+                if not final:
+                    return
+            self.session.commit(final=final)
+        elif kind == "input_audio_buffer.clear":
+            self.session.clear()
+        else:
+            raise ProtocolError(f"Unknown or unsupported event type {kind!r}; this endpoint takes session.update, "
+                                "transcription_session.update and input_audio_buffer.append/commit/clear",
+                                "unknown_event", "type")
+
+    def _update_session(self, event: dict) -> None:
+        if "session" in event:  # OpenAI's shape
+            self._switch_to(OPENAI)
+            session = protocol.require_object(event["session"], "session")
+            self._apply(protocol.openai_session_update(self.session.config, session, self._validate_language))
+            self._outbox.put_nowait({"type": "session.updated", "event_id": protocol.new_event_id(),
+                                     "session": protocol.session_object(self.session_id, self.session.config,
+                                                                        self.model_name)})
+        else:  # vLLM's flat shape; vLLM answers nothing
+            if self.dialect != VLLM:
+                raise ProtocolError("session.update needs a 'session' object in a transcription session", param="session")
+            self._apply(protocol.vllm_session_update(self.session.config, event, self._validate_language))
+
+    def _switch_to(self, dialect: str) -> None:
+        """A connection without ?intent=transcription turns OpenAI on its first OpenAI-shaped update."""
+        if dialect == self.dialect:
+            return
+        if self.started or self.session.buffered_seconds:
+            raise ProtocolError("This session already speaks the vLLM protocol; open a new connection with "
+                                "?intent=transcription for an OpenAI transcription session", param="type")
+        self.dialect, self.started = dialect, True
+        self._apply(protocol.OPENAI_DEFAULTS)
+
+    def _apply(self, config: SessionConfig) -> None:
+        if config.input_format != self._decoder.format:
+            self._decoder = InputAudioDecoder(config.input_format)
+        try:
+            self.session.configure(config)
+        except ValueError as e:
+            raise ProtocolError(str(e), code="unsupported_value") from None
+
+    def _validate_language(self, language):
+        if language is not None and not isinstance(language, str):
+            raise ProtocolError("'language' must be a string (an ISO-639-1 code) or null", param="language")
+        return self.runtime.adapter.validate_language(language)
+
+    async def _send_loop(self) -> None:
+        while (body := await self._outbox.get()) is not None:
+            try:
+                await self.ws.send_text(json.dumps(body, ensure_ascii=False))
+            except Exception:  # the client is gone: the receive loop sees it too
+                return
+
+
+async def realtime_endpoint(ws: WebSocket, runtime: Runtime | None, not_ready: str | None, slots: SessionSlots,
+                            limits: RealtimeLimits, model_name: str) -> None:
+    dialect = dialect_of(ws)
+    if runtime is None:
+        await refuse(ws, dialect, f"Service not ready: {not_ready}. Retry shortly.", "not_ready")
+        return
+    if not slots.take():
+        await refuse(ws, dialect, f"Too many realtime sessions (limit {slots.limit}); retry later", "too_many_sessions")
+        return
+    try:
+        await RealtimeConnection(ws, runtime, limits, model_name).serve()
+    except Exception:
+        log.exception("realtime session failed")
+    finally:
+        slots.give_back()

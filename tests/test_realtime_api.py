@@ -1,0 +1,296 @@
+"""/v1/realtime through a live server on loopback: the `websockets` package in both dialects,
+and the OpenAI Python SDK's realtime client for the transcription session."""
+
+import asyncio
+import base64
+import json
+import time
+
+import av
+import httpx
+import jiwer
+import numpy as np
+import openai
+import pytest
+import websockets
+
+from bench.clips import load_clip, reference
+from bench.server_process import ServerProcess
+from bench.textnorm import normalize
+from tests.test_realtime_parts import pcm16, resample
+
+MAX_SESSIONS = 2
+IDLE_TIMEOUT = 3
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = ServerProcess("--threads", "2", "--served-model-name", "whisper-1",
+                         "--max-realtime-sessions", str(MAX_SESSIONS), "--realtime-idle-timeout", str(IDLE_TIMEOUT))
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def health(server) -> dict:
+    return httpx.get(server.url + "/health").json()
+
+
+@pytest.fixture
+def ws_url(server):
+    # Each test starts with no sessions open (a closed one gives its slot back a moment later).
+    deadline = time.monotonic() + 10
+    while health(server)["realtime_sessions"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert health(server)["realtime_sessions"] == 0
+    return server.url.replace("http://", "ws://") + "/v1/realtime"
+
+
+def append(audio_bytes: bytes) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(audio_bytes).decode()})
+
+
+async def send_frames(ws, audio: bytes, frame_bytes: int, pause: float) -> None:
+    for i in range(0, len(audio), frame_bytes):
+        await ws.send(append(audio[i : i + frame_bytes]))
+        await asyncio.sleep(pause)
+
+
+async def receive_until(ws, done_type: str, count: int = 1, timeout: float = 60, events: list | None = None) -> list[dict]:
+    events, seen = [] if events is None else events, 0
+    async with asyncio.timeout(timeout):
+        while seen < count:
+            event = json.loads(await ws.recv())
+            events.append(event)
+            seen += event["type"] == done_type
+    return events
+
+
+def wer(lang: str, name: str, text: str) -> float:
+    return jiwer.wer(normalize(reference(lang, name)), normalize(text))
+
+
+def speech(*names: str, gap: float = 0.3) -> np.ndarray:
+    silence = np.zeros(int(gap * 16000), dtype=np.float32)
+    parts = []
+    for name in names:
+        parts += [load_clip("en", name), silence]
+    return np.concatenate(parts)
+
+
+# ---- vLLM protocol ----
+
+async def test_vllm_protocol_streams_speech_and_text_arrives_while_it_plays(ws_url):
+    # ~10 s of real speech, one utterance. Each decode takes ~2 s on a 2-core machine and text
+    # goes out once two decodes agree, so the first delta needs ~5 s of audio here.
+    audio = speech("counting", "quick_brown_fox", "counting")
+    async with websockets.connect(ws_url) as ws:
+        created = json.loads(await ws.recv())
+        assert created["type"] == "session.created" and created["id"] and isinstance(created["created"], int)
+        await ws.send(json.dumps({"type": "session.update", "model": "whisper-1"}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))  # ready
+        events = []
+
+        async def send_all():
+            await send_frames(ws, pcm16(audio), 3200, 0.1)  # 100 ms frames, in real time
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+            events.append({"type": "final_sent"})
+
+        sender = asyncio.create_task(send_all())
+        await receive_until(ws, "transcription.done", events=events)  # the sender's marker lands in order
+        await sender
+        kinds = [e["type"] for e in events]
+        assert "error" not in kinds, events
+        assert kinds.index("transcription.delta") < kinds.index("final_sent"), kinds  # incremental, not at the end
+        done = events[-1]
+        deltas = "".join(e["delta"] for e in events if e["type"] == "transcription.delta")
+        assert deltas == done["text"]
+        assert done["language"] == "en"
+        assert done["usage"]["total_tokens"] == done["usage"]["prompt_tokens"] + done["usage"]["completion_tokens"] > 0
+        words = normalize(done["text"]).split()
+        fox = normalize(reference("en", "quick_brown_fox")).split()
+        assert words[-19:-10] == fox and words[-10:] == [str(i) for i in range(1, 11)], done["text"]
+
+
+async def test_vllm_protocol_short_clip_with_language_set(ws_url):
+    async with websockets.connect(ws_url) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "model": "whisper-1", "language": "fr"}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await send_frames(ws, pcm16(load_clip("fr", "pangrama")), 3200, 0.01)
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        events = await receive_until(ws, "transcription.done")
+        done = events[-1]
+        assert done["language"] == "fr" and wer("fr", "pangrama", done["text"]) <= 0.25, done
+        assert "".join(e["delta"] for e in events if e["type"] == "transcription.delta") == done["text"]
+
+
+# ---- OpenAI transcription session ----
+
+def test_openai_sdk_transcription_session_at_24khz(server, ws_url):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    audio = resample(load_clip("pt", "pangrama"), 24000)
+    with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+        created = connection.recv()
+        assert created.type == "session.created"
+        connection.session.update(session={"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 24000}, "transcription": {"model": "whisper-1"},
+            "turn_detection": None}}})
+        updated = connection.recv()
+        assert updated.type == "session.updated" and updated.session.audio.input.turn_detection is None
+        data = pcm16(audio)
+        for i in range(0, len(data), 4800):  # 100 ms at 24 kHz
+            connection.input_audio_buffer.append(audio=base64.b64encode(data[i : i + 4800]).decode())
+        connection.input_audio_buffer.commit()
+        events = []
+        while not events or events[-1].type != "conversation.item.input_audio_transcription.completed":
+            events.append(connection.recv())
+    kinds = [e.type for e in events]
+    assert kinds[0] == "input_audio_buffer.committed" and "error" not in kinds, kinds
+    completed = events[-1]
+    assert completed.item_id == events[0].item_id and completed.content_index == 0
+    assert [lang.code for lang in completed.languages] == ["pt"]
+    assert completed.usage.type == "duration" and completed.usage.seconds == pytest.approx(len(audio) / 24000, abs=0.05)
+    deltas = [e.delta for e in events if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert deltas and "".join(deltas) == completed.transcript
+    assert wer("pt", "pangrama", completed.transcript) <= 0.1, completed.transcript
+
+
+async def test_server_vad_gives_one_completed_item_per_utterance(ws_url):
+    silence = np.zeros(24000, dtype=np.float32)
+    audio = np.concatenate([silence, load_clip("en", "hello_world"), silence, load_clip("en", "quick_brown_fox"), silence])
+    async with websockets.connect(ws_url + "?intent=transcription") as ws:
+        assert json.loads(await ws.recv())["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}}}}}))
+        await send_frames(ws, pcm16(audio), 3200, 0.03)  # faster than real time: VAD runs on samples, not clocks
+        events = await receive_until(ws, "conversation.item.input_audio_transcription.completed", count=2)
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds, events
+    assert kinds.count("input_audio_buffer.speech_started") == kinds.count("input_audio_buffer.speech_stopped") == 2
+    committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
+    completed = [e for e in events if e["type"].endswith(".completed")]
+    assert [c["item_id"] for c in completed] == [c["item_id"] for c in committed]
+    assert committed[1]["previous_item_id"] == committed[0]["item_id"]
+    assert completed[0]["transcript"] == "Hello world."
+    assert wer("en", "quick_brown_fox", completed[1]["transcript"]) == 0, completed[1]
+    started = [e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"]
+    assert abs(started[0] - 1500) < 300, started  # speech begins 1.5 s into the stream
+
+
+def mu_law_8khz(audio: np.ndarray) -> bytes:
+    """Real G.711 mu-law, encoded by PyAV (libavcodec), as a phone line would carry it."""
+    at_8k = resample(audio, 8000)
+    codec = av.CodecContext.create("pcm_mulaw", "w")
+    codec.sample_rate, codec.layout, codec.format = 8000, "mono", "s16"
+    frame = av.AudioFrame.from_ndarray(pcm16_array(at_8k).reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = 8000
+    return b"".join(bytes(p) for p in codec.encode(frame))
+
+
+def pcm16_array(audio):
+    return (np.clip(audio, -1, 1) * 32767).astype(np.int16)
+
+
+async def test_legacy_session_update_with_g711_mu_law(ws_url):
+    async with websockets.connect(ws_url) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "transcription_session.update", "session": {
+            "input_audio_format": "g711_ulaw", "input_audio_transcription": {"model": "whisper-1"}, "turn_detection": None}}))
+        updated = json.loads(await ws.recv())
+        assert updated["type"] == "transcription_session.updated" and updated["session"]["input_audio_format"] == "g711_ulaw"
+        await send_frames(ws, mu_law_8khz(load_clip("en", "counting")), 800, 0.0)  # 100 ms at 8 kHz, one byte a sample
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        events = await receive_until(ws, "conversation.item.input_audio_transcription.completed")
+    assert wer("en", "counting", events[-1]["transcript"]) <= 0.1, events[-1]
+
+
+# ---- faults: each answered with an error event, the session goes on ----
+
+async def expect_error(ws, code: str) -> dict:
+    event = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert event["type"] == "error", event
+    error = event["error"]
+    assert (error["code"] if isinstance(error, dict) else event["code"]) == code, event
+    return event
+
+
+async def test_faults_get_error_events_and_the_session_still_transcribes(ws_url):
+    async with websockets.connect(ws_url) as ws:
+        await ws.recv()
+        await ws.send(append(pcm16(load_clip("en", "hello_world"))))
+        await expect_error(ws, "session_not_started")  # vLLM: audio before the start commit
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": "%%% not base64 %%%"}))
+        await expect_error(ws, "invalid_base64")
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()}))
+        await expect_error(ws, "invalid_audio")
+        await ws.send(json.dumps({"type": "response.create"}))
+        await expect_error(ws, "unknown_event")
+        await ws.send("{not json")
+        await expect_error(ws, "invalid_json")
+        await ws.send(b"\x00\x01")
+        await expect_error(ws, "invalid_event")
+        await ws.send(json.dumps({"type": "session.update", "language": "xx"}))
+        await expect_error(ws, "unsupported_language")
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await expect_error(ws, "input_audio_buffer_commit_empty")  # nothing to commit: no empty done
+        await ws.send(append(pcm16(load_clip("en", "hello_world"))))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        events = await receive_until(ws, "transcription.done")
+        assert events[-1]["text"] == "Hello world."
+        await ws.send(append(pcm16(load_clip("en", "hello_world"))))
+        await expect_error(ws, "input_finished")
+
+
+async def test_openai_errors_carry_the_client_event_id(ws_url):
+    async with websockets.connect(ws_url + "?intent=transcription") as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "conversation.item.create", "event_id": "evt_42"}))
+        event = await expect_error(ws, "unknown_event")
+        assert event["error"]["event_id"] == "evt_42" and event["error"]["type"] == "invalid_request_error"
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime"}}))
+        assert (await expect_error(ws, "unsupported_value"))["error"]["param"] == "session.type"
+
+
+async def test_sessions_over_the_limit_are_refused_cleanly(ws_url):
+    async with websockets.connect(ws_url) as first, websockets.connect(ws_url) as second:
+        await first.recv(), await second.recv()
+        async with websockets.connect(ws_url + "?intent=transcription") as extra:
+            event = json.loads(await extra.recv())
+            assert event["type"] == "error" and event["error"]["code"] == "too_many_sessions"
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await extra.recv()
+            assert closed.value.rcvd.code == 1013  # try again later
+
+
+async def test_idle_session_is_closed(ws_url):
+    async with websockets.connect(ws_url) as ws:
+        await ws.recv()
+        start = time.monotonic()
+        await expect_error(ws, "idle_timeout")
+        assert IDLE_TIMEOUT <= time.monotonic() - start < IDLE_TIMEOUT + 3
+        with pytest.raises(websockets.ConnectionClosed):
+            await ws.recv()
+
+
+async def test_vanished_client_frees_its_engine_work(server, ws_url):
+    before = health(server)["cancelled_sequences"]
+    ws = await websockets.connect(ws_url)
+    await ws.recv()
+    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+    await send_frames(ws, pcm16(speech("counting", "quick_brown_fox", "counting")), 16000, 0.0)
+    await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))  # a decode starts
+    deadline = time.monotonic() + 20
+    while health(server)["active_sequences"] == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert health(server)["active_sequences"] > 0
+    ws.transport.abort()  # no close handshake: the client just vanishes
+    deadline = time.monotonic() + 10
+    while (health(server)["active_sequences"] or health(server)["realtime_sessions"]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    after = health(server)
+    assert after["active_sequences"] == 0 and after["queued_sequences"] == 0 and after["realtime_sessions"] == 0
+    assert after["cancelled_sequences"] > before

@@ -1,0 +1,153 @@
+"""The realtime building blocks without a server: input audio, turn detection, stable text, protocol."""
+
+import base64
+
+import av
+import numpy as np
+import pytest
+
+from asr_service.realtime import protocol
+from asr_service.realtime.input_audio import InputAudioDecoder, InputAudioError, InputFormat, parse_format
+from asr_service.realtime.session import SessionConfig
+from asr_service.realtime.stable_text import agreed, continuation, extension
+from asr_service.realtime.turn_detection import TurnDetectionSettings, TurnDetector
+from bench.clips import load_clip
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def resample(audio: np.ndarray, rate: int) -> np.ndarray:
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+    frame = av.AudioFrame.from_ndarray(audio.astype(np.float32).reshape(1, -1), format="flt", layout="mono")
+    frame.sample_rate = 16000
+    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(out)
+
+
+# ---- input audio ----
+
+def test_24khz_pcm_in_100ms_frames_matches_the_16khz_original():
+    speech = load_clip("en", "quick_brown_fox")
+    at_24k = resample(speech, 24000)
+    decoder = InputAudioDecoder(InputFormat("audio/pcm", 24000))
+    frames = [decoder.decode(b64(pcm16(at_24k[i : i + 2400]))) for i in range(0, len(at_24k), 2400)]
+    back = np.concatenate(frames)
+    assert abs(len(back) - len(speech)) < 64  # the resampler holds back a few samples
+    n = min(len(back), len(speech)) - 64
+    # Same signal after two resamplings (small filter delay allowed): strongly correlated.
+    assert np.corrcoef(back[64:n], speech[64:n])[0, 1] > 0.95
+
+
+def test_g711_mu_law_and_a_law_decode_to_the_standard_values():
+    # ITU G.711: mu-law 0xFF and A-law 0xD5 are (near) zero; mu-law 0x00 is the negative extreme.
+    mu = InputAudioDecoder(parse_format({"type": "audio/pcmu"}, InputFormat()))
+    a = InputAudioDecoder(parse_format({"type": "audio/pcma"}, InputFormat()))
+    assert mu.format.rate == a.format.rate == 8000
+    quiet = mu.decode(b64(bytes([0xFF]) * 800))
+    loud = mu.decode(b64(bytes([0x00]) * 800))
+    assert len(quiet) > 1500 and np.abs(quiet).max() < 1e-3  # 100 ms at 8 kHz -> ~1600 samples at 16 kHz
+    assert loud[800:].min() < -0.9
+    assert np.abs(a.decode(b64(bytes([0xD5]) * 800))).max() < 1e-2
+
+
+@pytest.mark.parametrize("payload, code", [("not base64!!", "invalid_base64"), (b64(b"\x00\x01\x02"), "invalid_audio"),
+                                           (42, "invalid_value")])
+def test_bad_audio_payloads_are_named(payload, code):
+    with pytest.raises(InputAudioError) as e:
+        InputAudioDecoder(InputFormat()).decode(payload)
+    assert e.value.code == code
+
+
+def test_formats_are_checked():
+    assert parse_format("g711_ulaw", InputFormat()) == InputFormat("audio/pcmu", 8000)
+    assert parse_format({"type": "audio/pcm", "rate": 16000}, InputFormat()).rate == 16000
+    for bad in ({"type": "audio/opus"}, {"type": "audio/pcmu", "rate": 16000}, {"type": "audio/pcm", "rate": "x"}, "mp3"):
+        with pytest.raises(InputAudioError):
+            parse_format(bad, InputFormat())
+
+
+# ---- turn detection ----
+
+def test_turn_detector_finds_each_phrase_in_a_stream(runtime):
+    rate = 16000
+    silence = np.zeros(rate, dtype=np.float32)
+    first, second = load_clip("en", "hello_world"), load_clip("en", "quick_brown_fox")
+    stream = np.concatenate([silence, first, silence, second, silence])
+    detector = TurnDetector(runtime.transcriber.gate.model_copy(), TurnDetectionSettings(silence_duration_ms=500))
+    found = []
+    for i in range(0, len(stream), 1600):  # 100 ms frames, as a client sends them
+        found += detector.feed(stream[i : i + 1600])
+    assert [b.kind for b in found] == ["start", "stop", "start", "stop"], found
+    second_start = 2 * rate + len(first)
+    assert abs(found[0].sample - rate) < 0.3 * rate
+    assert abs(found[2].sample - second_start) < 0.3 * rate
+    assert found[1].sample < second_start and found[3].sample <= len(stream)
+
+
+# ---- stable text ----
+
+def test_only_text_two_decodes_agree_on_is_sent():
+    stable = agreed("The quick brown", "The quick brown fox jumps", " ")
+    assert stable == ["The", "quick", "brown"]
+    assert extension([], stable, " ") == "The quick brown"
+    assert extension(["The", "quick"], stable, " ") == " brown"
+    assert extension(["The", "quack"], stable, " ") == ""  # never contradicts what was sent
+    assert agreed("一二三", "一二三四", "") == ["一", "二", "三"]  # no spaces: characters
+
+
+def test_final_text_continues_what_was_sent():
+    assert continuation(["The", "quick"], "The quick brown fox.", " ") == " brown fox."
+    assert continuation([], "Hello world.", " ") == "Hello world."
+    # The final decode changed a sent word: the sent text stands, the rest follows it.
+    assert continuation(["but", "weather"], "The weather today is fine.", " ") == " today is fine."
+    assert continuation(["Hello", "world."], "Hello world.", " ") == ""
+
+
+# ---- protocol ----
+
+def validate(language):
+    if language not in (None, "en", "fr"):
+        raise ValueError(f"Unsupported language {language!r}")
+    return language
+
+
+def test_openai_session_update_sets_format_language_and_vad():
+    config = protocol.openai_session_update(protocol.OPENAI_DEFAULTS, {"type": "transcription", "audio": {"input": {
+        "format": {"type": "audio/pcmu"}, "transcription": {"model": "whisper-1", "language": "fr", "prompt": "Bonjour"},
+        "turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}, validate)
+    assert config == SessionConfig("fr", "Bonjour", InputFormat("audio/pcmu", 8000), TurnDetectionSettings(silence_duration_ms=300))
+    off = protocol.openai_session_update(config, {"type": "transcription", "audio": {"input": {"turn_detection": None}}}, validate)
+    assert off.turn_detection is None and off.language == "fr"  # fields not named stay as they were
+
+
+def test_legacy_session_update_maps_onto_the_same_settings():
+    config = protocol.legacy_session_update(protocol.OPENAI_DEFAULTS, {
+        "input_audio_format": "g711_alaw", "input_audio_transcription": {"language": "en"}, "turn_detection": None}, validate)
+    assert config == SessionConfig("en", None, InputFormat("audio/pcma", 8000), None)
+
+
+@pytest.mark.parametrize("session, param", [
+    ({"type": "realtime"}, "session.type"),
+    ({"type": "transcription", "audio": {"input": {"transcription": {"language": "xx"}}}}, "session.audio.input.transcription.language"),
+    ({"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "session.audio.input.turn_detection.type"),
+    ({"type": "transcription", "audio": {"input": {"turn_detection": {"threshold": 2}}}}, "session.audio.input.turn_detection"),
+    ({"type": "transcription", "audio": {"input": {"format": {"type": "audio/flac"}}}}, "session.audio.input.format"),
+])
+def test_bad_session_updates_name_the_field(session, param):
+    with pytest.raises(protocol.ProtocolError) as e:
+        protocol.openai_session_update(protocol.OPENAI_DEFAULTS, session, validate)
+    assert e.value.param == param and str(e.value)
+
+
+def test_error_events_take_each_dialect_shape():
+    assert protocol.error_event(protocol.VLLM, "bad", "invalid_base64") == {"type": "error", "error": "bad", "code": "invalid_base64"}
+    event = protocol.error_event(protocol.OPENAI, "bad", "invalid_base64", "audio", "evt_1")
+    assert event["error"] == {"type": "invalid_request_error", "code": "invalid_base64", "message": "bad",
+                              "param": "audio", "event_id": "evt_1"}
