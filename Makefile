@@ -17,7 +17,16 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-test: $(STAMP)
+# tests/test_page.py drives Debian's Chromium through its chromedriver (never a browser
+# download). Installed once with apt-get when running as root, as CI does; otherwise that
+# test skips and says why.
+CHROMEDRIVER := /usr/bin/chromedriver
+$(CHROMEDRIVER):
+	@if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "not root: chromium and chromium-driver not installed, tests/test_page.py will skip"; fi
+
+test: $(STAMP) $(CHROMEDRIVER)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The main job: the OpenAI-compatible server on 127.0.0.1:8000 with the packaged model.

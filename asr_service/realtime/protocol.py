@@ -20,8 +20,18 @@ import uuid
 from dataclasses import replace
 
 from .input_audio import InputAudioError, InputFormat, parse_format
-from .session import (Cleared, Committed, Completed, Failed, SessionConfig, SessionError, SessionEvent, SpeechStarted,
-                      SpeechStopped, TextDelta)
+from .session import (
+    Cleared,
+    Committed,
+    Completed,
+    Failed,
+    SessionConfig,
+    SessionError,
+    SessionEvent,
+    SpeechStarted,
+    SpeechStopped,
+    TextDelta,
+)
 from .turn_detection import TurnDetectionSettings
 
 VLLM = "vllm"

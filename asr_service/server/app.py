@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket

@@ -3,7 +3,8 @@
 class PcmCapture extends AudioWorkletProcessor {
   constructor() {
     super();
-    this.frame = new Int16Array(Math.round(sampleRate / 10));
+    this.size = Math.round(sampleRate / 10);
+    this.frame = new Int16Array(this.size);
     this.filled = 0;
   }
 
@@ -13,9 +14,9 @@ class PcmCapture extends AudioWorkletProcessor {
       for (let i = 0; i < channel.length; i++) {
         const s = Math.max(-1, Math.min(1, channel[i]));
         this.frame[this.filled++] = s < 0 ? s * 0x8000 : s * 0x7fff;
-        if (this.filled === this.frame.length) {
-          this.port.postMessage(this.frame.buffer, [this.frame.buffer]);
-          this.frame = new Int16Array(this.frame.length);
+        if (this.filled === this.size) {
+          this.port.postMessage(this.frame.buffer, [this.frame.buffer]); // transferred: detached here
+          this.frame = new Int16Array(this.size);
           this.filled = 0;
         }
       }
