@@ -1,0 +1,174 @@
+"""Realtime latency through a live server: how long after the end of speech the final text comes.
+
+    python -m bench.realtime_latency [--clips 9] [--threads 2]
+
+Real speech (the pytest-audioeval clips) is streamed in 100 ms frames at real-time pace to
+/v1/realtime?intent=transcription. Per clip:
+- server VAD (silence_duration_ms 500): from sending the frame that holds the clip's last
+  loud sample to the completed event. This is the delay a user sees: the VAD's silence wait
+  plus the final decode.
+- manual commit (turn_detection null): from sending the commit to the completed event: the
+  final decode alone.
+And once, ~10 s of speech with no pause: when the first delta arrives after speech starts.
+Writes bench/results/realtime-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import datetime as dt
+import json
+import statistics
+import time
+
+import numpy as np
+import websockets
+
+from .clips import all_clips, load_clip
+from .report import RESULTS
+from .server_process import ServerProcess
+
+FRAME = 1600  # 100 ms at 16 kHz
+SILENCE_MS = 500
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def last_loud_sample(audio: np.ndarray) -> int:
+    return int(np.flatnonzero(np.abs(audio) > 0.02)[-1])
+
+
+async def open_session(url: str, turn_detection: dict | None):
+    ws = await websockets.connect(url + "?intent=transcription")
+    await ws.recv()  # session.created
+    await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+        "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": turn_detection}}}}))
+    await ws.recv()  # session.updated
+    return ws
+
+
+async def stream(ws, audio: np.ndarray, marks: dict[int, str], times: dict[str, float]) -> None:
+    """Send frames on a real-time clock; note when the frame holding each marked sample went out."""
+    data, start = pcm16(audio), time.monotonic()
+    for n, i in enumerate(range(0, len(audio), FRAME)):
+        await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                  "audio": base64.b64encode(data[2 * i : 2 * (i + FRAME)]).decode()}))
+        for sample, name in marks.items():
+            if i <= sample < i + FRAME:
+                times[name] = time.monotonic()
+        await asyncio.sleep(max(0.0, start + (n + 1) * 0.1 - time.monotonic()))
+
+
+async def wait_for(ws, kind: str, times: dict[str, float], first: str | None = None) -> dict:
+    while True:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+        if first and event["type"] == first and first not in times:
+            times[first] = time.monotonic()
+        if event["type"] == "error":
+            raise RuntimeError(event)
+        if event["type"] == kind:
+            times[kind] = time.monotonic()
+            return event
+
+
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+
+
+async def vad_delay(url: str, speech: np.ndarray) -> tuple[float, str]:
+    ws = await open_session(url, {"type": "server_vad", "silence_duration_ms": SILENCE_MS})
+    audio = np.concatenate([np.zeros(8000, np.float32), speech, np.zeros(24000, np.float32)])
+    times: dict[str, float] = {}
+    sender = asyncio.create_task(stream(ws, audio, {8000 + last_loud_sample(speech): "speech_end"}, times))
+    event = await wait_for(ws, COMPLETED, times)
+    await sender
+    await ws.close()
+    return times[COMPLETED] - times["speech_end"], event["transcript"]
+
+
+async def commit_delay(url: str, speech: np.ndarray) -> float:
+    ws = await open_session(url, None)
+    times: dict[str, float] = {}
+    await stream(ws, speech, {}, times)
+    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+    start = time.monotonic()
+    await wait_for(ws, COMPLETED, times)
+    await ws.close()
+    return times[COMPLETED] - start
+
+
+async def first_delta(url: str) -> dict:
+    """~10 s of speech without a pause: how soon text shows, and how long the full text takes."""
+    def trimmed(name):
+        audio = load_clip("en", name)
+        loud = np.flatnonzero(np.abs(audio) > 0.02)
+        return audio[max(0, loud[0] - 800) : loud[-1] + 800]
+
+    gap = np.zeros(2400, np.float32)
+    speech = np.concatenate([trimmed("counting"), gap, trimmed("quick_brown_fox"), gap, trimmed("counting")])
+    ws = await open_session(url, {"type": "server_vad", "silence_duration_ms": SILENCE_MS})
+    audio = np.concatenate([np.zeros(8000, np.float32), speech, np.zeros(24000, np.float32)])
+    times: dict[str, float] = {}
+    marks = {8000: "speech_start", 8000 + last_loud_sample(speech): "speech_end"}
+    sender = asyncio.create_task(stream(ws, audio, marks, times))
+    event = await wait_for(ws, COMPLETED, times, first="conversation.item.input_audio_transcription.delta")
+    await sender
+    await ws.close()
+    delta = times.get("conversation.item.input_audio_transcription.delta")
+    return {"speech_seconds": round(len(speech) / 16000, 2),
+            "first_delta_after_speech_start_s": round(delta - times["speech_start"], 2) if delta else None,
+            "completed_after_speech_end_s": round(times[COMPLETED] - times["speech_end"], 2),
+            "transcript": event["transcript"]}
+
+
+async def run(url: str, clips: list[tuple[str, str]]) -> dict:
+    per_clip = []
+    for lang, name in clips:
+        speech = load_clip(lang, name)
+        vad, text = await vad_delay(url, speech)
+        commit = await commit_delay(url, speech)
+        per_clip.append({"clip": f"{lang}/{name}", "seconds": round(len(speech) / 16000, 2),
+                         "speech_end_to_completed_s": round(vad, 3), "commit_to_completed_s": round(commit, 3),
+                         "transcript": text})
+        print(f"  {lang}/{name:16s} VAD: {vad:.2f} s  commit: {commit:.2f} s  {text!r}", flush=True)
+    long = await first_delta(url)
+    print(f"  10 s utterance: first delta {long['first_delta_after_speech_start_s']} s after speech start, "
+          f"completed {long['completed_after_speech_end_s']} s after speech end", flush=True)
+
+    def summary(key):
+        values = sorted(c[key] for c in per_clip)
+        return {"median": round(statistics.median(values), 3), "max": round(values[-1], 3)}
+
+    return {"silence_duration_ms": SILENCE_MS, "speech_end_to_completed_s": summary("speech_end_to_completed_s"),
+            "commit_to_completed_s": summary("commit_to_completed_s"), "long_utterance": long, "clips": per_clip}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clips", type=int, default=9, help="how many clips (one per language first)")
+    parser.add_argument("--threads", default="2")
+    parser.add_argument("--quantize", choices=("int8", "bf16"))
+    args = parser.parse_args()
+    by_language: dict[str, list[str]] = {}
+    for lang, name in all_clips():
+        by_language.setdefault(lang, []).append(name)
+    order = [(lang, names[i]) for i in range(3) for lang, names in sorted(by_language.items()) if i < len(names)]
+    extra = ["--quantize", args.quantize] if args.quantize else []
+    server = ServerProcess("--threads", args.threads, *extra)
+    try:
+        server.wait_ready()
+        results = asyncio.run(run(server.url.replace("http://", "ws://") + "/v1/realtime", order[: args.clips]))
+    finally:
+        server.stop()
+    results.update(date=dt.datetime.now().isoformat(timespec="seconds"), threads=args.threads, quantize=args.quantize)
+    out = RESULTS / f"realtime-{dt.date.today().isoformat()}{'-' + args.quantize if args.quantize else ''}.json"
+    out.write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    print(f"VAD end of speech -> completed: {results['speech_end_to_completed_s']}; "
+          f"commit -> completed: {results['commit_to_completed_s']}; written to {out}")
+
+
+if __name__ == "__main__":
+    main()
