@@ -108,6 +108,11 @@ def test_final_text_continues_what_was_sent():
     # The final decode changed a sent word: the sent text stands, the rest follows it.
     assert continuation(["but", "weather"], "The weather today is fine.", " ") == " today is fine."
     assert continuation(["Hello", "world."], "Hello world.", " ") == ""
+    # Units split differently: aligned on letters and digits, nothing of the new text is lost.
+    counted = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10.".split()
+    assert continuation(counted, "1-2-3-4-5-6-7-8-9-10. The quick brown fox.", " ") == " The quick brown fox."
+    assert continuation(["The", "quick", "brown"], "The quick, brown fox.", " ") == " fox."
+    assert continuation(["一", "二"], "一二三。", "") == "三。"
 
 
 # ---- protocol ----

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 MIN_COMMIT_SECONDS = 0.1  # OpenAI's rule: a commit needs at least 100 ms of audio
 MIN_PARTIAL_SECONDS = 1.0  # shorter audio gives too little for a partial decode to agree on
 MAX_UTTERANCE_SECONDS = 30.0  # Whisper's window
+SPECULATE_AFTER_MS = 200  # a pause this long (or half the VAD's silence, if less) starts the final decode
 
 
 def partial_token_budget(seconds: float) -> int:
@@ -127,6 +128,13 @@ class Utterance:
     previous: tuple[str | None, str] | None = None  # (language, text) of the last partial decode
     sent: list[str] = field(default_factory=list)  # units already sent as deltas
     language: str | None = None  # fixed once text has been sent, so later decodes agree with it
+    # The final decode started early, during a pause: (where the pause began, the decode).
+    speculation: tuple[int, asyncio.Future] | None = None
+
+    def drop_speculation(self) -> None:
+        if self.speculation is not None:
+            self.speculation[1].cancel()
+            self.speculation = None
 
     def add(self, samples: np.ndarray) -> None:
         if samples.size:
@@ -183,20 +191,23 @@ class RealtimeSession:
         start = self._position
         self._position += samples.shape[0]
         if self._detector is None:
-            self._route(samples)
+            self._route(samples, speaking=True)
         else:
             detector = self._detector
+            speaking = detector.in_speech  # before these samples; it flips at each boundary
             boundaries = await asyncio.to_thread(detector.feed, samples)
             cursor = start
             for boundary in boundaries:
                 cut = min(max(boundary.sample, cursor), self._position)
-                self._route(samples[cursor - start : cut - start])
+                self._route(samples[cursor - start : cut - start], speaking)
                 cursor = cut
-                if boundary.kind == "start":
+                speaking = boundary.kind == "start"
+                if speaking:
                     self._speech_started(boundary.sample)
                 else:
                     self._speech_stopped(boundary.sample)
-            self._route(samples[cursor - start :])
+            self._route(samples[cursor - start :], speaking)
+            self._speculate()
         self._split_long_utterance()
         self._wake.set()
 
@@ -216,6 +227,7 @@ class RealtimeSession:
     def clear(self) -> None:
         if self._current is not None:
             self._stop_partial(self._current)
+            self._current.drop_speculation()
         self._current = None
         self._recent = np.zeros(0, dtype=np.float32)
         self.emit(Cleared())
@@ -232,10 +244,10 @@ class RealtimeSession:
 
     # ---- audio routing ----
 
-    def _route(self, samples: np.ndarray) -> None:
+    def _route(self, samples: np.ndarray, speaking: bool) -> None:
         if not samples.size:
             return
-        if self._current is None and (self._detector is None or self._detector.in_speech):
+        if self._current is None and speaking:  # no VAD, or speech goes on after a manual commit
             self._current = Utterance(next(self._ids))
         if self._current is not None:
             self._current.add(samples)
@@ -256,11 +268,29 @@ class RealtimeSession:
         self.emit(SpeechStopped(self._current.item_id, sample * 1000 // SAMPLE_RATE))
         self._close(self._current)
 
+    def _speculate(self) -> None:
+        """Speech paused: start the utterance's final decode now. If the pause turns out to end
+        the turn, the text is ready up to silence_duration_ms sooner; if speech resumes first,
+        the decode is cancelled. Only silence follows the audio it decodes, so its text is the
+        final text."""
+        utterance, detector = self._current, self._detector
+        if utterance is None or detector is None:
+            return
+        pause = detector.pause_start
+        if utterance.speculation is not None and utterance.speculation[0] != pause:
+            utterance.drop_speculation()  # speech resumed after the audio it decodes
+        wait = min(SPECULATE_AFTER_MS, self.config.turn_detection.silence_duration_ms // 2) * SAMPLE_RATE // 1000
+        if pause is not None and utterance.speculation is None and self._position - pause >= wait:
+            self._stop_partial(utterance)  # the final decode covers the same audio
+            decode = asyncio.ensure_future(self.transcriber.transcribe(utterance.audio(), self._options(utterance)))
+            utterance.speculation = (pause, decode)
+
     def _split_long_utterance(self) -> None:
         """Speech with no pause for 30 s: close the first window at its quietest point."""
         utterance = self._current
         if utterance is None or utterance.samples < MAX_UTTERANCE_SECONDS * SAMPLE_RATE:
             return
+        utterance.drop_speculation()  # it decoded more than the window that is kept
         audio = utterance.audio()
         first = split_audio(audio, SAMPLE_RATE, MAX_UTTERANCE_SECONDS)[0]
         utterance.pieces, utterance.samples = [first.samples], first.samples.shape[0]
@@ -283,6 +313,14 @@ class RealtimeSession:
     # ---- decoding (one worker per session; cancel it to free the engine) ----
 
     async def run(self) -> None:
+        try:
+            await self._work()
+        finally:  # the session is over: early final decodes still running are not needed
+            for utterance in [self._current, *self._closed]:
+                if utterance is not None:
+                    utterance.drop_speculation()
+
+    async def _work(self) -> None:
         while True:
             if self._closed:
                 await self._finish(self._closed[0])
@@ -302,6 +340,8 @@ class RealtimeSession:
             await self._wake.wait()
 
     def _partial_due(self, utterance: Utterance) -> bool:
+        if utterance.speculation is not None:  # paused: the final decode is already running
+            return False
         new = utterance.samples - utterance.decoded_samples
         return utterance.samples >= MIN_PARTIAL_SECONDS * SAMPLE_RATE and new >= self.limits.partial_interval_s * SAMPLE_RATE
 
@@ -329,10 +369,19 @@ class RealtimeSession:
                 self.emit(TextDelta(utterance.item_id, delta))
         utterance.previous = latest
 
+    async def _final_decode(self, utterance: Utterance, audio: np.ndarray):
+        if utterance.speculation is not None:
+            early = utterance.speculation[1]
+            await asyncio.wait({early})  # a cancelled worker raises here; run() cancels the decode
+            utterance.speculation = None
+            if not early.cancelled() and early.exception() is None:
+                return early.result()
+        return await self.transcriber.transcribe(audio, self._options(utterance))
+
     async def _finish(self, utterance: Utterance) -> None:
         audio = utterance.audio()
         try:
-            result = await self.transcriber.transcribe(audio, self._options(utterance))
+            result = await self._final_decode(utterance, audio)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the session goes on with the next utterance

@@ -30,24 +30,37 @@ def extension(sent: list[str], stable: list[str], joiner: str) -> str:
     return (joiner if sent else "") + joiner.join(stable[len(sent):])
 
 
+def _letters(unit: str) -> str:
+    return "".join(c for c in unit.lower() if c.isalnum())
+
+
 def continuation(sent: list[str], final: str, joiner: str) -> str:
     """The part of the final text that comes after what was already sent.
 
-    The final decode usually starts with the sent units. When it does not (a word the partial
-    decodes agreed on and the last one changed), the sent units are matched against it and
-    the text after their last match follows; the sent text itself stands.
+    The final decode usually starts with the sent units. When it does not (punctuation, case or
+    a word changed: "1, 2, 3," sent, "1-2-3" final), the two are aligned on their letters and
+    digits alone, and the final units after the last one the sent text covers follow; the sent
+    text itself stands.
     """
     final_units = units(final, joiner)
-    if not sent:
-        return joiner.join(final_units)
     if final_units[: len(sent)] == sent:
         rest = final_units[len(sent):]
     else:
-        blocks = [b for b in difflib.SequenceMatcher(None, sent, final_units, autojunk=False).get_matching_blocks()
-                  if b.size]
-        if blocks:  # the unmatched tail of the sent text stands for as many final units
-            last = blocks[-1]
-            rest = final_units[last.b + last.size + len(sent) - (last.a + last.size):]
-        else:
-            rest = final_units[len(sent):]
-    return (joiner + joiner.join(rest)) if rest else ""
+        sent_letters = "".join(_letters(u) for u in sent)
+        final_letters = [_letters(u) for u in final_units]
+        blocks = [b for b in difflib.SequenceMatcher(None, sent_letters, "".join(final_letters),
+                                                     autojunk=False).get_matching_blocks() if b.size]
+        # Where the sent text ends in the final's letters: after the last match, plus the sent
+        # letters that follow it unmatched.
+        last = blocks[-1] if blocks else difflib.Match(0, 0, 0)
+        covered = last.b + last.size + (len(sent_letters) - last.a - last.size)
+        start, first = 0, len(final_units)
+        for i, letters in enumerate(final_letters):
+            if start + len(letters) / 2 >= covered:  # less than half of this unit was covered
+                first = i
+                break
+            start += len(letters)
+        rest = final_units[first:]
+    if not rest:
+        return ""
+    return (joiner if sent else "") + joiner.join(rest)

@@ -53,6 +53,12 @@ class TurnDetector:
     def in_speech(self) -> bool:
         return bool(self._iterator.triggered)
 
+    @property
+    def pause_start(self) -> int | None:
+        """Where the silence began that may end the open turn (None: no turn, or speech goes on)."""
+        iterator = self._iterator
+        return self._start + int(iterator.temp_end) if iterator.triggered and iterator.temp_end else None
+
     def feed(self, samples: np.ndarray) -> list[SpeechBoundary]:
         """Boundaries found in these samples (CPU work, ~0.25 ms per frame: call off the event loop)."""
         audio = np.concatenate([self._carry, samples]) if self._carry.size else samples

@@ -1,0 +1,72 @@
+"""RealtimeSession in-process on the real model: utterances, server VAD, the early final decode."""
+
+import asyncio
+
+import numpy as np
+
+from asr_service.realtime.session import Completed, RealtimeSession, SessionConfig, SessionError, TextDelta
+from asr_service.realtime.turn_detection import TurnDetectionSettings
+from bench.clips import load_clip
+from bench.textnorm import normalize
+
+
+async def run_session(runtime, audio: np.ndarray, config: SessionConfig, commit: bool = False) -> list:
+    events = []
+    session = RealtimeSession(runtime.transcriber, events.append, config=config)
+    worker = asyncio.create_task(session.run())
+    try:
+        for i in range(0, len(audio), 1600):  # 100 ms frames
+            await session.append(audio[i : i + 1600])
+            await asyncio.sleep(0)
+        if commit:
+            session.commit(final=True)
+        async with asyncio.timeout(60):
+            while not session.idle:
+                await asyncio.sleep(0.02)
+    finally:
+        worker.cancel()
+    return events
+
+
+def texts_by_item(events) -> dict[str, str]:
+    done = {e.item_id: e.text for e in events if isinstance(e, Completed)}
+    for item, text in done.items():  # deltas of an item always add up to its final text
+        assert "".join(e.text for e in events if isinstance(e, TextDelta) and e.item_id == item) == text
+    return done
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * 16000), dtype=np.float32)
+
+
+VAD = SessionConfig(turn_detection=TurnDetectionSettings(silence_duration_ms=500))
+
+
+async def test_speech_that_resumes_after_a_short_pause_stays_one_utterance(runtime):
+    # The 300 ms pause starts an early final decode (after 200 ms of silence); the speech that
+    # follows must cancel it, or the final text would stop at the pause.
+    hello, fox = load_clip("en", "hello_world"), load_clip("en", "quick_brown_fox")
+    loud = np.flatnonzero(np.abs(hello) > 0.02)
+    audio = np.concatenate([silence(0.5), hello[: loud[-1] + 800], silence(0.3), fox, silence(1.0)])
+    events = await run_session(runtime, audio, VAD)
+    done = texts_by_item(events)
+    assert len(done) == 1, events
+    text = normalize(next(iter(done.values())))
+    assert text.startswith("hello world") and text.endswith("the quick brown fox jumps over the lazy dog"), text
+
+
+async def test_a_long_pause_ends_the_turn_and_each_turn_gets_its_text(runtime):
+    audio = np.concatenate([silence(0.5), load_clip("fr", "bonjour_monde"), silence(1.0), load_clip("en", "counting"),
+                            silence(1.0)])
+    events = await run_session(runtime, audio, VAD)
+    done = [e for e in events if isinstance(e, Completed)]
+    assert [e.language for e in done] == ["fr", "en"], done
+    assert normalize(done[0].text) == "bonjour le monde" and "10" in normalize(done[1].text).split(), done
+
+
+async def test_without_vad_the_commit_cuts_and_an_empty_commit_is_an_error(runtime):
+    events = await run_session(runtime, load_clip("en", "hello_world"), SessionConfig(), commit=True)
+    assert list(texts_by_item(events).values()) == ["Hello world."]
+    empty = await run_session(runtime, np.zeros(0, dtype=np.float32), SessionConfig(), commit=True)
+    assert [e.code for e in empty if isinstance(e, SessionError)] == ["input_audio_buffer_commit_empty"]
+    assert not [e for e in empty if isinstance(e, Completed)]
