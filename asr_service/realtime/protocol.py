@@ -105,38 +105,39 @@ def vllm_session_update(config: SessionConfig, event: dict, validate_language) -
     return config
 
 
+def _session_fields(config: SessionConfig, block: dict, prefix: str, names: tuple[str, str, str],
+                    validate_language) -> SessionConfig:
+    """The (format, transcription, turn detection) fields of one session shape, under their names."""
+    format_key, transcription_key, turn_key = names
+    try:
+        config = replace(config, input_format=parse_format(block.get(format_key), config.input_format))
+    except InputAudioError as e:
+        raise ProtocolError(str(e), code=e.code, param=f"{prefix}.{format_key}") from None
+    if transcription_key in block:
+        param = f"{prefix}.{transcription_key}"
+        config = _transcription_fields(config, require_object(block[transcription_key] or {}, param), param,
+                                       validate_language)
+    if turn_key in block:
+        config = replace(config, turn_detection=_turn_detection(block[turn_key], f"{prefix}.{turn_key}"))
+    return config
+
+
 def openai_session_update(config: SessionConfig, session: dict, validate_language) -> SessionConfig:
     """OpenAI's ``session.update`` {session: {type: "transcription", audio: {input: {...}}}}."""
     kind = session.get("type", "transcription")
     if kind != "transcription":
         raise ProtocolError(f"Only transcription sessions are served here (session.type {kind!r}); "
                             "set session.type to \"transcription\"", code="unsupported_value", param="session.type")
-    audio_input = require_object(require_object(session.get("audio", {}), "session.audio").get("input", {}), "session.audio.input")
-    try:
-        config = replace(config, input_format=parse_format(audio_input.get("format"), config.input_format))
-    except InputAudioError as e:
-        raise ProtocolError(str(e), code=e.code, param="session.audio.input.format") from None
-    if "transcription" in audio_input:
-        spec = require_object(audio_input["transcription"] or {}, "session.audio.input.transcription")
-        config = _transcription_fields(config, spec, "session.audio.input.transcription", validate_language)
-    if "turn_detection" in audio_input:
-        config = replace(config, turn_detection=_turn_detection(audio_input["turn_detection"],
-                                                                "session.audio.input.turn_detection"))
-    return config
+    audio = require_object(session.get("audio", {}), "session.audio")
+    audio_input = require_object(audio.get("input", {}), "session.audio.input")
+    return _session_fields(config, audio_input, "session.audio.input", ("format", "transcription", "turn_detection"),
+                           validate_language)
 
 
 def legacy_session_update(config: SessionConfig, session: dict, validate_language) -> SessionConfig:
     """The older ``transcription_session.update`` {session: {input_audio_format, ...}}."""
-    try:
-        config = replace(config, input_format=parse_format(session.get("input_audio_format"), config.input_format))
-    except InputAudioError as e:
-        raise ProtocolError(str(e), code=e.code, param="session.input_audio_format") from None
-    if "input_audio_transcription" in session:
-        spec = require_object(session["input_audio_transcription"] or {}, "session.input_audio_transcription")
-        config = _transcription_fields(config, spec, "session.input_audio_transcription", validate_language)
-    if "turn_detection" in session:
-        config = replace(config, turn_detection=_turn_detection(session["turn_detection"], "session.turn_detection"))
-    return config
+    return _session_fields(config, session, "session",
+                           ("input_audio_format", "input_audio_transcription", "turn_detection"), validate_language)
 
 
 # ---- session descriptions ----

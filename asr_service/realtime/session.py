@@ -343,10 +343,12 @@ class RealtimeSession:
         if utterance.speculation is not None:  # paused: the final decode is already running
             return False
         new = utterance.samples - utterance.decoded_samples
-        return utterance.samples >= MIN_PARTIAL_SECONDS * SAMPLE_RATE and new >= self.limits.partial_interval_s * SAMPLE_RATE
+        return (utterance.samples >= MIN_PARTIAL_SECONDS * SAMPLE_RATE
+                and new >= self.limits.partial_interval_s * SAMPLE_RATE)
 
     def _options(self, utterance: Utterance) -> TranscriptionOptions:
-        return TranscriptionOptions(language=utterance.language or self.config.language, previous_text=self.config.prompt)
+        return TranscriptionOptions(language=utterance.language or self.config.language,
+                                    previous_text=self.config.prompt)
 
     async def _decode_partial(self, utterance: Utterance) -> None:
         audio = utterance.audio()
@@ -385,7 +387,8 @@ class RealtimeSession:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the session goes on with the next utterance
-            self.emit(Failed(utterance.item_id, f"Transcription failed: {type(e).__name__}: {e}", "transcription_failed"))
+            self.emit(Failed(utterance.item_id, f"Transcription failed: {type(e).__name__}: {e}",
+                             "transcription_failed"))
             return
         if result.detection_failure is not None and not result.text and not utterance.sent:
             self.emit(Failed(utterance.item_id, f"Language auto-detect failed: {result.detection_failure}",

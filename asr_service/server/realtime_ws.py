@@ -85,6 +85,7 @@ class RealtimeConnection:
 
     async def serve(self) -> None:
         await self.ws.accept()
+        log.info("realtime session %s opened (%s protocol)", self.session_id, self.dialect)
         sender = asyncio.create_task(self._send_loop())
         worker = asyncio.create_task(self.session.run())
         self._outbox.put_nowait(protocol.session_created(self.dialect, self.session_id, int(time.time()),
@@ -101,6 +102,7 @@ class RealtimeConnection:
             if self.ws.application_state == WebSocketState.CONNECTED:
                 with contextlib.suppress(Exception):
                     await self.ws.close()
+            log.info("realtime session %s closed", self.session_id)
 
     async def _receive_loop(self, worker: asyncio.Task) -> None:
         while True:
@@ -177,7 +179,8 @@ class RealtimeConnection:
                                                                         self.model_name)})
         else:  # vLLM's flat shape; vLLM answers nothing
             if self.dialect != VLLM:
-                raise ProtocolError("session.update needs a 'session' object in a transcription session", param="session")
+                raise ProtocolError("session.update needs a 'session' object in a transcription session",
+                                    param="session")
             self._apply(protocol.vllm_session_update(self.session.config, event, self._validate_language))
 
     def _switch_to(self, dialect: str) -> None:
@@ -218,7 +221,8 @@ async def realtime_endpoint(ws: WebSocket, runtime: Runtime | None, not_ready: s
         await refuse(ws, dialect, f"Service not ready: {not_ready}. Retry shortly.", "not_ready")
         return
     if not slots.take():
-        await refuse(ws, dialect, f"Too many realtime sessions (limit {slots.limit}); retry later", "too_many_sessions")
+        await refuse(ws, dialect, f"Too many realtime sessions (limit {slots.limit}); retry later",
+                     "too_many_sessions")
         return
     try:
         await RealtimeConnection(ws, runtime, limits, model_name).serve()
