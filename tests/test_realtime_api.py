@@ -294,3 +294,25 @@ async def test_vanished_client_frees_its_engine_work(server, ws_url):
     after = health(server)
     assert after["active_sequences"] == 0 and after["queued_sequences"] == 0 and after["realtime_sessions"] == 0
     assert after["cancelled_sequences"] > before
+
+
+async def test_a_server_that_is_not_ready_refuses_realtime_sessions_with_the_reason():
+    proc = ServerProcess("--model", "/nonexistent/model-dir")  # start-up fails; the server stays up
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                body = httpx.get(proc.url + "/health", timeout=2).json()
+                if "start-up failed" in body["error"]["message"]:
+                    break
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.2)
+        async with websockets.connect(proc.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription") as ws:
+            event = json.loads(await ws.recv())
+            assert event["error"]["code"] == "not_ready" and "start-up failed" in event["error"]["message"], event
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd.code == 1013
+    finally:
+        proc.stop()

@@ -335,6 +335,8 @@ class RealtimeSession:
                 finally:
                     task.cancel()  # no-op when done; the worker itself was cancelled otherwise
                     self._partial = None
+                if not task.cancelled() and task.exception() is not None:  # no deltas this time
+                    log.warning("partial decode of %s failed", utterance.item_id, exc_info=task.exception())
                 continue
             self._wake.clear()
             await self._wake.wait()

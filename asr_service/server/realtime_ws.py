@@ -109,8 +109,11 @@ class RealtimeConnection:
             try:
                 message = await asyncio.wait_for(self.ws.receive(), timeout=1.0)
             except TimeoutError:
-                if worker.done():
-                    break
+                if worker.done():  # only cancellation ends it normally: say why the session ends
+                    error = worker.exception()
+                    log.error("realtime session %s: worker failed", self.session_id, exc_info=error)
+                    self._error(f"Internal error, session closed: {type(error).__name__}", "internal_error")
+                    return
                 quiet = time.monotonic() - self._last_event
                 if quiet > self.limits.idle_timeout_s and self.session.idle:
                     self._error(f"Session closed after {self.limits.idle_timeout_s:g} s without client events",
@@ -138,6 +141,10 @@ class RealtimeConnection:
                 await self._handle(event)
             except (ProtocolError, InputAudioError) as e:
                 self._error(str(e), e.code, getattr(e, "param", None), event)
+            except Exception as e:  # a bug, not the client's fault: say so, keep the session
+                log.exception("realtime session %s: %s failed", self.session_id, event["type"])
+                self._error(f"Internal error handling {event['type']}: {type(e).__name__}", "internal_error",
+                            event=event)
 
     async def _handle(self, event: dict) -> None:
         kind = event["type"]
