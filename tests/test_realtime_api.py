@@ -21,12 +21,14 @@ from tests.test_realtime_parts import pcm16, resample
 
 MAX_SESSIONS = 2
 IDLE_TIMEOUT = 3
+MAX_BUFFER_SECONDS = 20
 
 
 @pytest.fixture(scope="module")
 def server():
     proc = ServerProcess("--threads", "2", "--served-model-name", "whisper-1",
-                         "--max-realtime-sessions", str(MAX_SESSIONS), "--realtime-idle-timeout", str(IDLE_TIMEOUT))
+                         "--max-realtime-sessions", str(MAX_SESSIONS), "--realtime-idle-timeout", str(IDLE_TIMEOUT),
+                         "--realtime-max-buffer-seconds", str(MAX_BUFFER_SECONDS))
     try:
         proc.wait_ready()
         yield proc
@@ -253,6 +255,32 @@ async def test_openai_errors_carry_the_client_event_id(ws_url):
         assert event["error"]["event_id"] == "evt_42" and event["error"]["type"] == "invalid_request_error"
         await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime"}}))
         assert (await expect_error(ws, "unsupported_value"))["error"]["param"] == "session.type"
+
+
+async def test_clear_drops_the_uncommitted_audio(ws_url):
+    async with websockets.connect(ws_url + "?intent=transcription") as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}}}))
+        assert json.loads(await ws.recv())["type"] == "session.updated"
+        await ws.send(append(pcm16(load_clip("en", "hello_world"))))
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        assert json.loads(await ws.recv())["type"] == "input_audio_buffer.cleared"
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await expect_error(ws, "input_audio_buffer_commit_empty")
+
+
+async def test_audio_beyond_the_buffer_limit_is_refused(ws_url):
+    async with websockets.connect(ws_url) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        one_second = pcm16(load_clip("en", "counting")[:16000])
+        for _ in range(MAX_BUFFER_SECONDS):  # as fast as the socket goes: nothing is transcribed yet
+            await ws.send(append(one_second))
+        await ws.send(append(one_second))
+        while (event := json.loads(await asyncio.wait_for(ws.recv(), 30)))["type"] != "error":
+            assert event["type"] == "transcription.delta", event  # partial text may come first
+        assert event["code"] == "buffer_full" and f"{MAX_BUFFER_SECONDS} s" in event["error"], event
 
 
 async def test_sessions_over_the_limit_are_refused_cleanly(ws_url):

@@ -83,7 +83,9 @@ async function startRecording() {
   const ws = new WebSocket(`${scheme}://${location.host}/v1/realtime?intent=transcription`);
   live = { ws, context, stream };
   ws.onmessage = (message) => onServerEvent(JSON.parse(message.data));
-  ws.onclose = () => { if (live && live.ws === ws) stopRecording("Connection closed."); };
+  ws.onclose = () => {  // keep an error the server sent before closing (e.g. too many sessions)
+    if (live && live.ws === ws) stopRecording(liveStatus.className === "error" ? liveStatus.textContent : "Connection closed.");
+  };
   await new Promise((resolve, reject) => { ws.onopen = resolve; ws.onerror = () => reject(new Error("WebSocket failed")); });
   const language = document.getElementById("live-language").value || null;
   ws.send(JSON.stringify({ type: "session.update", session: { type: "transcription", audio: { input: {
