@@ -14,6 +14,8 @@ from adapters.base import UnsupportedLanguageError
 from .audio import AudioError, AudioLimits, decode_audio
 from .formats import RESPONSE_FORMATS, TIMED_FORMATS, render
 from .realtime.session import RealtimeLimits
+from .server.admission import AdmissionLimits
+from .server.auth import ENV_VAR, keys_from
 from .model_loading import DEFAULT_MODEL, ModelLoadError
 from .runtime import QUANTIZATIONS
 from .transcription import TranscriptionOptions
@@ -64,14 +66,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds without client events before a realtime session is closed")
     s.add_argument("--realtime-max-buffer-seconds", type=float, default=RealtimeLimits.max_buffer_seconds,
                    help="audio a realtime session may hold untranscribed")
+    s.add_argument("--api-key", action="append", metavar="KEY",
+                   help=f"require this key (repeatable; also {ENV_VAR}, comma-separated); /health stays open")
+    s.add_argument("--max-pending-requests", type=int, default=AdmissionLimits.max_pending_requests,
+                   help="requests admitted and unfinished before new ones get 429")
+    s.add_argument("--max-pending-audio-seconds", type=float, default=AdmissionLimits.max_pending_audio_seconds,
+                   help="audio seconds admitted and unfinished before new requests get 429")
+    s.add_argument("--request-timeout", type=float, default=600.0, help="decode deadline per HTTP request (s)")
+    s.add_argument("--shutdown-grace", type=float, default=30.0,
+                   help="seconds SIGTERM waits for in-flight work before exiting")
     s.add_argument("--log-level", default="info")
     return parser
 
 
 def _serve(args) -> int:
-    import uvicorn
-
-    from .server.app import ServerSettings, create_app
+    from .server.app import ServerSettings
+    from .server.runner import serve
 
     settings = ServerSettings(
         model=args.model, served_model_name=args.served_model_name, threads=args.threads,
@@ -79,9 +89,10 @@ def _serve(args) -> int:
         limits=AudioLimits(args.max_bytes, args.max_seconds),
         realtime=RealtimeLimits(max_sessions=args.max_realtime_sessions, idle_timeout_s=args.realtime_idle_timeout,
                                 max_buffer_seconds=args.realtime_max_buffer_seconds),
+        admission=AdmissionLimits(args.max_pending_requests, args.max_pending_audio_seconds),
+        request_timeout_s=args.request_timeout, api_keys=keys_from(args.api_key),
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    return serve(settings, args.host, args.port, args.log_level, args.shutdown_grace)
 
 
 def _error_line(message: str, code: str) -> str:
@@ -161,7 +172,6 @@ def _progress_bar(audios, runtime):
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
-        logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
         return _serve(args)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from .runtime import build_runtime  # heavy imports only once arguments are valid

@@ -137,6 +137,8 @@ class BatchEngine:
         self._encoded: collections.OrderedDict = collections.OrderedDict()  # id(audio) -> (audio, features)
         self._bitmask = xgr.allocate_token_bitmask(max_batch_size, self.dims.n_vocab)
         self.steps = 0  # decode steps run, for tests and metrics
+        self.tokens_total = 0  # tokens decoded (one per active sequence per step)
+        self.batch_sizes: collections.Counter[int] = collections.Counter()  # steps run at each batch size
         self.encoder_windows = 0  # encoder passes run (windows, after the cache)
         self.submitted_total = 0  # sequences submitted
         self.cancelled_total = 0  # sequences ended by cancel() before they finished
@@ -306,6 +308,8 @@ class BatchEngine:
         hidden = self.model.decoder(tokens, positions, caches, cross, mask)
         logits = self.model.decoder.logits(hidden[:, 0])
         self.steps += 1
+        self.tokens_total += n
+        self.batch_sizes[n] += 1
 
         for i, s in enumerate(seqs):
             p = s.params

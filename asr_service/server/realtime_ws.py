@@ -22,13 +22,14 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from ..realtime import protocol
 from ..realtime.input_audio import InputAudioDecoder, InputAudioError
 from ..realtime.protocol import OPENAI, VLLM, ProtocolError
-from ..realtime.session import RealtimeLimits, RealtimeSession, SessionConfig
+from ..realtime.session import Completed, RealtimeLimits, RealtimeSession, SessionConfig
 from ..runtime import Runtime
+from .gate import offered_subprotocol
+from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is overloaded or not ready
-POLICY_VIOLATION = 1008
 
 
 class SessionSlots:
@@ -49,7 +50,7 @@ class SessionSlots:
 
 
 async def refuse(ws: WebSocket, dialect: str, message: str, code: str) -> None:
-    await ws.accept()
+    await ws.accept(subprotocol=offered_subprotocol(ws.scope))
     await ws.send_text(json.dumps(protocol.error_event(dialect, message, code)))
     await ws.close(code=TRY_AGAIN_LATER, reason=code)
 
@@ -59,8 +60,10 @@ def dialect_of(ws: WebSocket) -> str:
 
 
 class RealtimeConnection:
-    def __init__(self, ws: WebSocket, runtime: Runtime, limits: RealtimeLimits, model_name: str):
+    def __init__(self, ws: WebSocket, runtime: Runtime, limits: RealtimeLimits, model_name: str,
+                 metrics: ServerMetrics | None = None):
         self.ws = ws
+        self.metrics = metrics
         self.runtime = runtime
         self.limits = limits
         self.model_name = model_name
@@ -75,6 +78,10 @@ class RealtimeConnection:
         self._last_event = time.monotonic()
 
     def _emit(self, event) -> None:
+        if isinstance(event, Completed) and self.metrics is not None:
+            self.metrics.audio_seconds.labels("/v1/realtime").inc(event.seconds)
+            if self.session.config.language is None:
+                self.metrics.detection(event.language)
         body = protocol.render(event, self.dialect)
         if body is not None:
             self._outbox.put_nowait(body)
@@ -84,7 +91,7 @@ class RealtimeConnection:
         self._outbox.put_nowait(protocol.error_event(self.dialect, message, code, param, client_id))
 
     async def serve(self) -> None:
-        await self.ws.accept()
+        await self.ws.accept(subprotocol=offered_subprotocol(self.ws.scope))
         log.info("realtime session %s opened (%s protocol)", self.session_id, self.dialect)
         sender = asyncio.create_task(self._send_loop())
         worker = asyncio.create_task(self.session.run())
@@ -222,7 +229,7 @@ class RealtimeConnection:
 
 
 async def realtime_endpoint(ws: WebSocket, runtime: Runtime | None, not_ready: str | None, slots: SessionSlots,
-                            limits: RealtimeLimits, model_name: str) -> None:
+                            limits: RealtimeLimits, model_name: str, metrics: ServerMetrics | None = None) -> None:
     dialect = dialect_of(ws)
     if runtime is None:
         await refuse(ws, dialect, f"Service not ready: {not_ready}. Retry shortly.", "not_ready")
@@ -232,7 +239,7 @@ async def realtime_endpoint(ws: WebSocket, runtime: Runtime | None, not_ready: s
                      "too_many_sessions")
         return
     try:
-        await RealtimeConnection(ws, runtime, limits, model_name).serve()
+        await RealtimeConnection(ws, runtime, limits, model_name, metrics).serve()
     except Exception:
         log.exception("realtime session failed")
     finally:

@@ -1,0 +1,82 @@
+"""Prometheus metrics (prometheus-client), one registry per app.
+
+Counted as things happen: requests by endpoint and status, their latency, audio seconds
+transcribed, detection outcomes by language, requests refused by backpressure. Read from the
+engine and the server when /metrics is scraped: queue depth, active sequences, batch size per
+decode step, tokens decoded (rate() of it is tokens per second), pending work, realtime
+sessions, warmup time.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+# Route templates that get their own label; anything else (404s, probes) counts as "other".
+ENDPOINTS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations", "/v1/models", "/v1/realtime",
+                       "/health", "/metrics", "/"})
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+def endpoint_label(path: str) -> str:
+    if path in ENDPOINTS:
+        return path
+    return "/page" if path.startswith("/page/") else "other"
+
+
+class ServerMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("asr_requests", "HTTP requests and WebSocket sessions, by endpoint and status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.latency = Histogram("asr_request_duration_seconds", "Time from request start to the last byte sent",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.audio_seconds = Counter("asr_audio_seconds", "Seconds of audio transcribed", ["endpoint"],
+                                     registry=self.registry)
+        self.detections = Counter("asr_language_detections",
+                                  "Requests without a language: the detected language, or outcome=failed",
+                                  ["language", "outcome"], registry=self.registry)
+        self.rejected = Counter("asr_rejected_requests", "Requests refused before any work (backpressure, draining)",
+                                ["reason"], registry=self.registry)
+
+    def watch(self, read_state: Callable[[], dict | None]) -> None:
+        """Gauges read at scrape time: ``read_state`` returns the figures, or None before start-up."""
+        self.registry.register(_StateCollector(read_state))
+
+    def detection(self, language: str | None) -> None:
+        self.detections.labels(language or "none", "detected" if language else "failed").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector:
+    def __init__(self, read_state: Callable[[], dict | None]):
+        self._read = read_state
+
+    def collect(self):
+        state = self._read()
+        if state is None:
+            return
+        for name, help_text in (("queued_sequences", "Sequences waiting for an engine slot"),
+                                ("active_sequences", "Sequences being decoded"),
+                                ("pending_requests", "Requests admitted and not finished"),
+                                ("pending_audio_seconds", "Audio seconds admitted and not finished"),
+                                ("realtime_sessions", "Open /v1/realtime sessions"),
+                                ("warmup_seconds", "Time the start-up warmup took")):
+            yield GaugeMetricFamily(f"asr_{name}", help_text, value=state[name])
+        yield CounterMetricFamily("asr_decode_steps", "Engine decode steps", value=state["steps"])
+        yield CounterMetricFamily("asr_decoded_tokens", "Tokens decoded (rate() gives tokens per second)",
+                                  value=state["tokens"])
+        sizes = state["batch_sizes"]  # {batch size: steps}
+        buckets, running = [], 0
+        for bound in (1, 2, 4, 8, 16, 32, 64):
+            running = sum(count for size, count in sizes.items() if size <= bound)
+            buckets.append((str(bound), running))
+        buckets.append(("+Inf", sum(sizes.values())))
+        yield HistogramMetricFamily("asr_batch_size", "Sequences decoded together, per decode step", buckets=buckets,
+                                    sum_value=sum(size * count for size, count in sizes.items()))

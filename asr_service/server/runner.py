@@ -1,0 +1,67 @@
+"""Runs the app under uvicorn, with a graceful drain on SIGTERM / SIGINT.
+
+On the first signal the server keeps listening but answers every new request with 503
+("shutting_down", see gate.py) while the requests and realtime sessions already inside finish;
+when none is left, or after ``grace_seconds``, uvicorn shuts down as usual and the process
+exits 0. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+
+import uvicorn
+
+from .app import ServerSettings, create_app
+from .gate import Door
+
+log = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, door: Door, grace_seconds: float):
+        super().__init__(config)
+        self.door = door
+        self.grace_seconds = grace_seconds
+        self._drain_started: float | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self._drain_started is not None:  # a second signal: stop now
+            self.should_exit = True
+            self.force_exit = sig == signal.SIGINT
+            return
+        # Not recorded as a captured signal, so uvicorn does not re-raise it after the shutdown:
+        # a drained exit is a clean one (status 0).
+        self._drain_started = time.monotonic()
+        self.door.draining = True
+        log.info("signal %s: draining, %d requests in flight, grace %.0f s", signal.Signals(sig).name,
+                 self.door.inside, self.grace_seconds)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_started is not None and not self.should_exit:
+            if self.door.inside == 0 or time.monotonic() - self._drain_started > self.grace_seconds:
+                log.info("drained (%d requests still in flight); shutting down", self.door.inside)
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    access = logging.getLogger("asr_service.access")  # already JSON: written as it is
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.propagate = False
+
+
+def serve(settings: ServerSettings, host: str, port: int, log_level: str, grace_seconds: float) -> int:
+    configure_logging(log_level)
+    app = create_app(settings)
+    # access_log off: the request log (request_log.py) writes one JSON line per request instead.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=5)
+    DrainingServer(config, app.state.server.door, grace_seconds).run()
+    return 0

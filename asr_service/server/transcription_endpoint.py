@@ -1,0 +1,166 @@
+"""POST /v1/audio/transcriptions and /translations: read, admit, transcribe, respond.
+
+The body is counted while it is read, so an upload past the limit is refused before it is all
+in memory (a declared Content-Length past it is refused before reading anything). Work is
+admitted against the backpressure bounds (429 with Retry-After beyond them), and each request
+has a decode deadline. A client that leaves cancels its decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from typing import TYPE_CHECKING, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
+
+from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_audio
+from ..formats import render, to_json, to_verbose_json
+from ..streaming import StreamFailed, StreamItem, stream_transcription
+from .admission import Overloaded
+from .errors import OpenAIError
+from .request_form import TranscriptionRequest, parse_transcription_form
+from .sse import chunk_events, openai_events
+
+if TYPE_CHECKING:
+    from .app import ServerState
+
+FORM_OVERHEAD = 1024 * 1024  # multipart boundaries and the other fields, on top of the file
+
+
+class UploadTooLarge(Exception):
+    pass
+
+
+def _counting(receive, limit: int):
+    """``receive`` that stops the read once the body passes ``limit`` bytes."""
+    seen = 0
+
+    async def wrapped():
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise UploadTooLarge
+        return message
+
+    return wrapped
+
+
+async def _read_request(request: Request, state: ServerState, task: str):
+    runtime = state.runtime
+    limit = state.settings.limits.max_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
+        raise OpenAIError(413, f"Request body of {declared} bytes exceeds the upload limit of {limit} bytes",
+                          param="file", code="file_too_large")
+    limited = Request(request.scope, _counting(request.receive, limit + FORM_OVERHEAD))
+    try:
+        form = await limited.form(max_files=1, max_fields=64)
+    except UploadTooLarge:
+        raise OpenAIError(413, f"Upload exceeds the limit of {limit} bytes (stopped reading at that point)",
+                          param="file", code="file_too_large") from None
+    except Exception as e:  # malformed multipart, wrong content type
+        raise OpenAIError(400, f"Could not parse the request as multipart/form-data: {e}",
+                          code="invalid_request") from None
+    req = parse_transcription_form(form, runtime.adapter, task)
+    if req.file.size is not None and req.file.size > limit:
+        raise OpenAIError(413, f"Upload of {req.file.size} bytes exceeds the limit of {limit} bytes",
+                          param="file", code="file_too_large")
+    data = await req.file.read()
+    try:
+        audio = await asyncio.to_thread(decode_audio, data, state.settings.limits)
+    except AudioTooLargeError as e:
+        raise OpenAIError(413, str(e), param="file", code=e.code) from None
+    except InvalidAudioError as e:
+        raise OpenAIError(400, f"Invalid or unsupported audio file. ({e.detail})", param="file", code=e.code) from None
+    except AudioError as e:
+        raise OpenAIError(400, str(e), param="file", code=e.code) from None
+    return req, audio
+
+
+async def _until_disconnected(request: Request, work):
+    """Run ``work``; if the client goes away first, cancel it (its engine slots free at the next step)."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        done, _ = await asyncio.wait({task}, timeout=0.1)
+        if not done and await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
+    return task.result()
+
+
+async def _with_deadline(items: AsyncIterator[StreamItem], seconds: float) -> AsyncIterator[StreamItem]:
+    try:
+        async with asyncio.timeout(seconds):
+            async for item in items:
+                yield item
+    except TimeoutError:
+        yield StreamFailed(f"Request timed out after {seconds:g} s of decoding", code="timeout")
+
+
+def _timed_out(seconds: float) -> OpenAIError:
+    return OpenAIError(504, f"Request timed out after {seconds:g} s of decoding; send shorter audio or retry",
+                       code="timeout", type="timeout_error")
+
+
+async def handle_transcription(request: Request, state: ServerState, task: str) -> Response:
+    runtime = state.require_ready()
+    req, audio = await _read_request(request, state, task)
+    seconds = audio.shape[0] / runtime.adapter.config.sample_rate
+    try:
+        ticket = state.admission.admit(seconds)
+    except Overloaded as e:
+        state.metrics.rejected.labels("overloaded").inc()
+        raise OpenAIError(429, str(e), code="server_busy", type="rate_limit_error",
+                          headers={"Retry-After": str(e.retry_after)}) from None
+    endpoint = request.url.path
+    timeout = state.settings.request_timeout_s
+    if req.stream:
+        async def items():
+            try:
+                async for item in _with_deadline(stream_transcription(runtime.transcriber, audio, req.options),
+                                                 timeout):
+                    yield item
+                state.metrics.audio_seconds.labels(endpoint).inc(seconds)
+            finally:
+                ticket.release()
+
+        events = (chunk_events(items(), state.settings.model_name, req.stream_include_usage)
+                  if req.stream_format == "chunk" else openai_events(items()))
+        # The release also runs after the response, for a stream that never started.
+        return EventSourceResponse(events, background=BackgroundTask(ticket.release))
+    options = dataclasses.replace(req.options, detection=state.settings.detection)
+    try:
+        async with asyncio.timeout(timeout):
+            result = await _until_disconnected(request, runtime.transcriber.transcribe(audio, options))
+    except TimeoutError:
+        raise _timed_out(timeout) from None
+    finally:
+        ticket.release()
+    if result is None:
+        return Response(status_code=499)
+    state.metrics.audio_seconds.labels(endpoint).inc(seconds)
+    if req.options.language is None:
+        state.metrics.detection(result.language)
+    return _respond(result, req)
+
+
+def _respond(result, req: TranscriptionRequest) -> Response:
+    if req.response_format == "verbose_json":
+        return JSONResponse(to_verbose_json(result))  # language is null when detection failed
+    if result.detection_failure and not result.text:
+        param = "max_completion_tokens" if req.options.max_new_tokens is not None else None
+        raise OpenAIError(400 if param else 500, f"Language auto-detect failed: {result.detection_failure}",
+                          param=param, code="language_detection_failed")
+    if req.response_format == "json":
+        return JSONResponse(to_json(result))
+    return PlainTextResponse(render(result, req.response_format))
+
