@@ -85,16 +85,20 @@ async def _read_request(request: Request, state: ServerState, task: str):
 
 
 async def _until_disconnected(request: Request, work):
-    """Run ``work``; if the client goes away first, cancel it (its engine slots free at the next step)."""
+    """Run ``work``; if the client goes away first, or the caller is cancelled (the deadline),
+    cancel it: its engine slots free at the next step."""
     task = asyncio.ensure_future(work)
-    while not task.done():
-        done, _ = await asyncio.wait({task}, timeout=0.1)
-        if not done and await request.is_disconnected():
+    try:
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=0.1)
+            if not done and await request.is_disconnected():
+                return None
+        return task.result()
+    finally:  # left early (client gone, deadline, shutdown): the decode must not run on alone
+        if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            return None
-    return task.result()
 
 
 async def _with_deadline(items: AsyncIterator[StreamItem], seconds: float) -> AsyncIterator[StreamItem]:

@@ -1,0 +1,240 @@
+"""Auth, backpressure, upload limits, metrics and request logs through a live server on loopback."""
+
+import asyncio
+import hmac
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import websockets
+
+from asr_service.server.auth import ApiKeys, keys_from
+from bench.clips import clip_path, load_clip
+from bench.server_process import ServerProcess
+from tests.test_server_api import assert_openai_error, wav_bytes
+
+KEYS = ("sk-test-first-0123456789", "sk-test-second-abcdefghij")
+ENV_KEY = "sk-test-from-env-zyxwvu"
+MAX_BYTES = 4_000_000
+MAX_PENDING = 2
+
+
+@pytest.fixture(scope="module")
+def server():
+    os.environ["ASR_API_KEYS"] = ENV_KEY  # read by the server process at start
+    try:
+        proc = ServerProcess("--threads", "2", "--served-model-name", "whisper-1", "--api-key", KEYS[0],
+                             "--api-key", KEYS[1], "--max-bytes", str(MAX_BYTES),
+                             "--max-pending-requests", str(MAX_PENDING))
+    finally:
+        del os.environ["ASR_API_KEYS"]
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def auth(key: str = KEYS[0]) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def clip_upload(name: str = "hello_world"):
+    return {"file": (f"{name}.wav", clip_path("en", name).read_bytes(), "audio/wav")}
+
+
+# ---- auth ----
+
+def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch):
+    calls = []
+    real = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    keys = ApiKeys(("key-one", "key-two", "key-three"))
+    assert keys.accepts("key-one") and not keys.accepts("key-on") and not keys.accepts(None)
+    assert len(calls) == 9  # all three keys, each time, even after a match
+    assert keys_from(["a", "b"], {"ASR_API_KEYS": " c, a ,"}) == ("a", "b", "c")
+    assert ApiKeys(()).accepts(None)  # no keys configured: open
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("POST", "/v1/audio/transcriptions"),
+                                          ("POST", "/v1/audio/translations"), ("GET", "/metrics")])
+def test_every_route_needs_a_key(server, method, path):
+    for headers, presented in (({}, False), (auth("sk-wrong"), True), ({"Authorization": KEYS[0]}, False)):
+        r = httpx.request(method, server.url + path, headers=headers, files=clip_upload() if method == "POST" else None)
+        error = assert_openai_error(r, 401, code="invalid_api_key")
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert ("Incorrect" in error["message"]) == presented
+    for key in (*KEYS, ENV_KEY):
+        r = httpx.request(method, server.url + path, headers=auth(key), files=clip_upload() if method == "POST" else None,
+                          timeout=60)
+        assert r.status_code == 200, r.text
+
+
+def test_health_and_the_page_stay_open(server):
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/").status_code == 200
+    assert httpx.get(server.url + "/page/app.js").status_code == 200
+
+
+def test_openai_sdk_with_the_key(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEYS[1], max_retries=0)
+    assert client.audio.transcriptions.create(model="whisper-1", file=clip_path("en", "hello_world").open("rb")).text \
+        == "Hello world."
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="sk-nope", max_retries=0).models.list()
+
+
+async def test_realtime_needs_a_key_in_the_header_or_the_subprotocol(server):
+    url = server.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
+    async with websockets.connect(url) as ws:
+        event = json.loads(await ws.recv())
+        assert event["type"] == "error" and event["error"]["code"] == "invalid_api_key"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 1008
+    async with websockets.connect(url, additional_headers=auth()) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+    # A browser's form: the key rides in a subprotocol; the server answers with "realtime" only.
+    async with websockets.connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{KEYS[1]}"]) as ws:
+        assert ws.subprotocol == "realtime"
+        assert json.loads(await ws.recv())["type"] == "session.created"
+
+
+def test_request_ids_and_json_logs_without_keys(server):
+    r = httpx.post(server.url + "/v1/audio/transcriptions", headers={**auth(), "X-Request-Id": "trace-42"},
+                   files=clip_upload())
+    assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42"
+    generated = httpx.get(server.url + "/v1/models", headers=auth()).headers["x-request-id"]
+    assert len(generated) == 32
+    httpx.get(server.url + "/v1/models", headers=auth("sk-wrong-key-for-the-log"))
+    time.sleep(0.2)
+    log = server.log_path.read_text()
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    ours = [line for line in lines if line["request_id"] == "trace-42"]
+    assert len(ours) == 1 and ours[0]["path"] == "/v1/audio/transcriptions" and ours[0]["status"] == 200
+    assert [line["status"] for line in lines if line["request_id"] == generated] == [200]
+    for secret in (*KEYS, ENV_KEY, "sk-wrong-key-for-the-log"):
+        assert secret not in log
+
+
+# ---- limits ----
+
+def test_upload_past_the_limit_is_refused_while_it_is_read(server):
+    """A chunked upload (no Content-Length) of 64 MB against a 4 MB limit: the server stops
+    reading after the limit, answers 413 and closes; the client, still sending, sees the 413 or
+    the connection reset, long before the body is all sent."""
+    total, sent, reply, reset = 64 * 1024 * 1024, 0, b"", False
+    boundary = "x" * 16
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.wav\"\r\n"
+            "Content-Type: audio/wav\r\n\r\n").encode()
+    block = b"\0" * 65536
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall((f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEYS[0]}\r\n"
+                   f"Content-Type: multipart/form-data; boundary={boundary}\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   ).encode() + b"%x\r\n%s\r\n" % (len(head), head))
+        s.settimeout(0.05)
+        try:
+            while sent < total and b"}}" not in reply:
+                try:
+                    s.sendall(b"%x\r\n%s\r\n" % (len(block), block))
+                    sent += len(block)
+                except TimeoutError:  # the server is not reading
+                    pass
+                try:
+                    reply += s.recv(65536)
+                except TimeoutError:
+                    pass
+        except (BrokenPipeError, ConnectionResetError):
+            reset = True
+    assert sent < total / 4, sent  # the server stopped reading after a few MB of 64
+    if not reset:
+        assert reply.startswith(b"HTTP/1.1 413 ") and b'"code":"file_too_large"' in reply, reply[:400]
+    assert httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(), files=clip_upload()).status_code == 200
+
+
+def long_speech(seconds: float) -> bytes:
+    clip = load_clip("en", "quick_brown_fox")
+    return wav_bytes(np.tile(clip, int(seconds / (len(clip) / 16000)) + 1)[: int(seconds * 16000)])
+
+
+def test_work_past_the_bound_gets_429_with_retry_after(server):
+    body = long_speech(60)  # two of these keep the engine busy for a while
+    results = []
+
+    def post_long():
+        r = httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(),
+                       files={"file": ("long.wav", body, "audio/wav")}, timeout=300)
+        results.append(r.status_code)
+
+    threads = [threading.Thread(target=post_long) for _ in range(MAX_PENDING)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(server.url + "/health").json()["pending_requests"] < MAX_PENDING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r = httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(), files=clip_upload())
+    error = assert_openai_error(r, 429, code="server_busy")
+    assert error["type"] == "rate_limit_error" and int(r.headers["retry-after"]) >= 1
+    for t in threads:
+        t.join()
+    assert results == [200] * MAX_PENDING  # the admitted ones were answered
+    health = httpx.get(server.url + "/health").json()
+    assert health["pending_requests"] == 0 and health["active_sequences"] == 0
+    assert httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(), files=clip_upload()).status_code == 200
+
+
+def test_metrics_report_requests_engine_and_detection(server):
+    httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(), files=clip_upload())
+    text = httpx.get(server.url + "/metrics", headers=auth()).text
+    for line in ('asr_requests_total{endpoint="/v1/audio/transcriptions",status="200"}',
+                 'asr_requests_total{endpoint="/v1/models",status="401"}',
+                 'asr_language_detections_total{language="en",outcome="detected"}',
+                 'asr_rejected_requests_total{reason="overloaded"}',
+                 "asr_request_duration_seconds_bucket{endpoint=\"/v1/audio/transcriptions\",le=\"+Inf\"}",
+                 'asr_audio_seconds_total{endpoint="/v1/audio/transcriptions"}',
+                 "asr_active_sequences 0.0", "asr_queued_sequences 0.0", "asr_pending_requests 0.0",
+                 "asr_decoded_tokens_total", 'asr_batch_size_bucket{le="16"}', "asr_warmup_seconds"):
+        assert line in text, line
+    values = {l.split(" ")[0]: float(l.split(" ")[1]) for l in text.splitlines() if l and not l.startswith("#")}
+    assert values["asr_decoded_tokens_total"] > 0 and values['asr_batch_size_bucket{le="+Inf"}'] > 0
+
+
+# ---- deadline and shutdown: a server of their own ----
+
+def test_request_deadline_then_sigterm_drains_in_flight_work():
+    proc = ServerProcess("--threads", "2", "--request-timeout", "4", "--shutdown-grace", "60")
+    try:
+        proc.wait_ready()
+        r = httpx.post(proc.url + "/v1/audio/transcriptions", files={"file": ("long.wav", long_speech(120), "audio/wav")},
+                       timeout=60)
+        assert_openai_error(r, 504, code="timeout")
+        deadline = time.monotonic() + 5  # the cancelled decode leaves the engine at its next step
+        while (health := httpx.get(proc.url + "/health").json())["active_sequences"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert health["active_sequences"] == 0 and health["queued_sequences"] == 0 and health["pending_requests"] == 0
+
+        answer = {}
+        body = wav_bytes(load_clip("en", "quick_brown_fox"))
+        worker = threading.Thread(target=lambda: answer.update(r=httpx.post(
+            proc.url + "/v1/audio/transcriptions", files={"file": ("fox.wav", body, "audio/wav")}, timeout=60)))
+        worker.start()
+        deadline = time.monotonic() + 10
+        while httpx.get(proc.url + "/health").json()["pending_requests"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.proc.send_signal(subprocess.signal.SIGTERM)
+        time.sleep(0.2)
+        refused = httpx.post(proc.url + "/v1/audio/transcriptions", files=clip_upload())
+        assert_openai_error(refused, 503, code="shutting_down")
+        worker.join()
+        assert answer["r"].status_code == 200 and answer["r"].json()["text"] == \
+            "The quick brown fox jumps over the lazy dog."
+        assert proc.proc.wait(timeout=30) == 0
+    finally:
+        proc.stop()
