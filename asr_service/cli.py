@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -46,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--quantize", choices=QUANTIZATIONS, help=QUANTIZE_HELP)
     t.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest input file in bytes")
     t.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
+    t.add_argument("--output-dir", type=Path,
+                   help="write each result to DIR/<name>.<ext> (atomically); files already there are skipped, "
+                        "so an interrupted batch resumes where it stopped")
     t.add_argument("-v", "--verbose", action="store_true")
 
     s = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
@@ -99,6 +103,33 @@ def _error_line(message: str, code: str) -> str:
     return json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": "file", "code": code}})
 
 
+EXTENSIONS = {"json": "json", "verbose_json": "json", "text": "txt", "srt": "srt", "vtt": "vtt"}
+PARTIAL = ".partial"  # suffix of a result being written; never a finished one
+
+
+def _output_paths(args) -> list[Path] | None:
+    if args.output_dir is None:
+        return None
+    outputs = [args.output_dir / f"{path.stem}.{EXTENSIONS[args.response_format]}" for path in args.files]
+    seen: dict[Path, Path] = {}
+    for path, out in zip(args.files, outputs):
+        if out in seen:
+            raise ValueError(f"{seen[out]} and {path} would both be written to {out}")
+        seen[out] = path
+    return outputs
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Temp file in the same folder, flushed to disk, then renamed over the target: a reader (or
+    a resumed run) sees either no file or the whole result, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{PARTIAL}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 async def _transcribe_files(args, runtime) -> int:
     limits = AudioLimits(args.max_bytes, args.max_seconds)
     options = TranscriptionOptions(
@@ -114,32 +145,48 @@ async def _transcribe_files(args, runtime) -> int:
         vad_filter=not args.no_vad_filter,
         detect_language_per_chunk=args.detect_language_per_chunk,
     )
+    outputs = _output_paths(args)
+    todo = list(range(len(args.files)))
+    if outputs is not None:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        for leftover in args.output_dir.glob(f".*{PARTIAL}"):  # from a run that was killed mid-write
+            leftover.unlink()
+        done = [i for i in todo if outputs[i].exists()]
+        for i in done:
+            print(f"skipping {args.files[i]}: {outputs[i]} exists", file=sys.stderr)
+        todo = [i for i in todo if i not in set(done)]
     audios: list = []
-    for path in args.files:
+    for i in todo:
         try:
-            audios.append(decode_audio(path.read_bytes(), limits))
+            audios.append(decode_audio(args.files[i].read_bytes(), limits))
         except (OSError, AudioError) as e:
             audios.append(e)
     progress = _progress_bar([a for a in audios if not isinstance(a, Exception)], runtime)
 
-    async def one(audio):
+    async def one(i, audio):
         if isinstance(audio, Exception):
             return audio
-        return await runtime.transcriber.transcribe(audio, options, on_chunk_done=progress)
+        result = await runtime.transcriber.transcribe(audio, options, on_chunk_done=progress)
+        if outputs is not None:  # written as soon as it is done: a killed batch keeps it
+            write_atomically(outputs[i], render(result, args.response_format))
+        return result
 
     # All files go to the engine together: their chunks share its batch.
-    results = await asyncio.gather(*(one(a) for a in audios))
+    results = await asyncio.gather(*(one(i, a) for i, a in zip(todo, audios)))
     if progress:
         progress.close()
     status = 0
     json_lines = args.response_format.endswith("json")  # one JSON object per line, in input order
-    for path, result in zip(args.files, results):
+    for i, result in zip(todo, results):
+        path = args.files[i]
         if isinstance(result, Exception):
             status = 1
-            if json_lines:
+            if json_lines and outputs is None:
                 print(_error_line(f"{path}: {result}", getattr(result, "code", "file_not_readable")))
             else:
                 print(f"error: {path}: {result}", file=sys.stderr)
+        elif outputs is not None:
+            print(f"wrote {outputs[i]}", file=sys.stderr)
         elif json_lines:
             print(render(result, args.response_format))
         else:
@@ -173,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    try:
+        _output_paths(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from .runtime import build_runtime  # heavy imports only once arguments are valid
 

@@ -49,3 +49,58 @@ def test_cli_word_timestamps_with_beam_search():
     result = json.loads(done.stdout)
     assert [w["word"] for w in result["words"]] == result["text"].split()
     assert all(0 <= w["start"] <= w["end"] <= result["duration"] + 0.05 for w in result["words"])
+
+
+def test_batch_killed_midway_resumes_and_does_every_file_once(tmp_path):
+    import signal
+    import time
+
+    import numpy as np
+    import soundfile as sf
+
+    from bench.clips import load_clip, reference
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    names = [("en", "quick_brown_fox"), ("fr", "bonjour_monde"), ("es", "hola_mundo"), ("en", "counting"),
+             ("zh", "nihao_shijie"), ("pt", "pangrama")]
+    files = []
+    for lang, name in names:
+        files.append(inputs / f"{lang}_{name}.wav")
+        sf.write(files[-1], load_clip(lang, name), 16000)
+    files.append(inputs / "long.wav")  # 40 s: still decoding when the short ones are written
+    sf.write(files[-1], np.tile(load_clip("en", "quick_brown_fox"), 14)[: 40 * 16000], 16000)
+    out = tmp_path / "out"
+    command = [CLI, "transcribe", *map(str, files), "--output-dir", str(out), "--response-format", "json",
+               "--no-temperature-fallback"]  # the long file repeats one sentence: no retries on it
+
+    first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    done_before = sorted(p.name for p in out.glob("*.json"))
+    assert 0 < len(done_before) < len(files), done_before  # killed midway
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    skipped = [line for line in again.stderr.splitlines() if line.startswith("skipping ")]
+    wrote = [line for line in again.stderr.splitlines() if line.startswith("wrote ")]
+    assert len(skipped) == len(done_before) and len(wrote) == len(files) - len(done_before)  # each file once
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{f.stem}.json" for f in files)  # no partial files left
+    for lang, name in names:
+        text = json.loads((out / f"{lang}_{name}.json").read_text())["text"]
+        assert text, (lang, name)
+    assert json.loads((out / "en_quick_brown_fox.json").read_text())["text"] == reference("en", "quick_brown_fox")
+    assert "quick brown fox" in json.loads((out / "long.json").read_text())["text"]
+
+
+def test_batch_refuses_two_inputs_with_one_output_name(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for folder in ("a", "b"):
+        (tmp_path / folder / "x.wav").write_bytes(clip_path("en", "hello_world").read_bytes())
+    done = subprocess.run([CLI, "transcribe", str(tmp_path / "a/x.wav"), str(tmp_path / "b/x.wav"), "--output-dir",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "would both be written to" in done.stderr

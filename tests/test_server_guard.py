@@ -165,7 +165,7 @@ def long_speech(seconds: float) -> bytes:
 
 
 def test_work_past_the_bound_gets_429_with_retry_after(server):
-    body = long_speech(60)  # two of these keep the engine busy for a while
+    body = long_speech(20)  # two of these keep the engine busy for several seconds
     results = []
 
     def post_long():
