@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test serve transcribe bench bench-quick clean
+.PHONY: install test fuzz load-test serve transcribe bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ $(CHROMEDRIVER):
 
 test: $(STAMP) $(CHROMEDRIVER)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Longer hostile-input run than CI's: fresh randomness, more cases (FUZZ_EXAMPLES per property).
+FUZZ_EXAMPLES ?= 500
+fuzz: $(STAMP)
+	ASR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ASR_FUZZ_RANDOM=1 $(BIN)/python -m pytest -s tests/test_fuzz.py
+
+# The load test at full length (CI runs a shorter one): LOAD_SECONDS of mixed traffic.
+LOAD_SECONDS ?= 60
+load-test: $(STAMP)
+	ASR_LOAD_SECONDS=$(LOAD_SECONDS) $(BIN)/python -m pytest -s tests/test_load.py
 
 # The main job: the OpenAI-compatible server on 127.0.0.1:8000 with the packaged model.
 serve: $(STAMP)

@@ -46,6 +46,23 @@ class AudioLimits:
     max_seconds: float = DEFAULT_MAX_SECONDS
 
 
+# libswresample refuses to downmix layouts it cannot name (e.g. 32 unlabelled channels).
+MAX_RESAMPLER_CHANNELS = 8
+_SCALE = {np.dtype(np.uint8): (128.0, 128.0), np.dtype(np.int16): (0.0, 32768.0), np.dtype(np.int32): (0.0, 2.0**31)}
+
+
+def _downmix(frame: av.AudioFrame) -> av.AudioFrame:
+    """The mean of all channels, as a mono float frame, for layouts the resampler cannot take."""
+    channels = frame.layout.nb_channels
+    samples = frame.to_ndarray()
+    samples = samples.reshape(channels, -1) if frame.format.is_planar else samples.reshape(-1, channels).T
+    offset, scale = _SCALE.get(samples.dtype, (0.0, 1.0))
+    mono = ((samples.astype(np.float32) - offset) / scale).mean(axis=0, dtype=np.float32)
+    out = av.AudioFrame.from_ndarray(mono[None, :], format="flt", layout="mono")
+    out.sample_rate = frame.sample_rate
+    return out
+
+
 def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> np.ndarray:
     if not data:
         raise InvalidAudioError("the file is empty")
@@ -61,6 +78,8 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> np.ndarray
                 raise InvalidAudioError("no audio stream found")
             resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
             for frame in container.decode(stream):
+                if frame.layout.nb_channels > MAX_RESAMPLER_CHANNELS:
+                    frame = _downmix(frame)
                 for out in resampler.resample(frame):
                     pieces.append(out.to_ndarray().reshape(-1))
                     total += pieces[-1].shape[0]

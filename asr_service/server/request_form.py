@@ -7,6 +7,7 @@ the decode options of faster-whisper and vLLM users know are accepted under thei
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
@@ -67,6 +68,8 @@ def _number(form: FormData, name: str, kind, low=None, high=None):
         number = kind(value)
     except ValueError:
         raise _bad(name, f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}") from None
+    if not math.isfinite(number):  # float() takes "nan" and "inf"
+        raise _bad(name, f"{name} must be a finite number, got {value!r}")
     if (low is not None and number < low) or (high is not None and number > high):
         raise _bad(name, f"{name} must be between {low} and {high}, got {value}")
     return number
