@@ -48,11 +48,15 @@ class Admission:
         self.pending_audio_seconds = 0.0
         self._rate: float | None = None  # audio seconds per wall second, moving average
 
+    def check_room(self) -> None:
+        """Refuse at once when no request could be admitted (before reading and decoding the upload)."""
+        if self.pending_requests >= self.limits.max_pending_requests:
+            raise Overloaded(f"Server busy: {self.pending_requests} requests pending (limit "
+                             f"{self.limits.max_pending_requests}). Retry later.", self.retry_after())
+
     def admit(self, audio_seconds: float) -> Ticket:
         limits = self.limits
-        if self.pending_requests >= limits.max_pending_requests:
-            raise Overloaded(f"Server busy: {self.pending_requests} requests pending (limit "
-                             f"{limits.max_pending_requests}). Retry later.", self.retry_after())
+        self.check_room()
         if self.pending_requests and self.pending_audio_seconds + audio_seconds > limits.max_pending_audio_seconds:
             raise Overloaded(f"Server busy: {self.pending_audio_seconds:.0f} s of audio pending, this request adds "
                              f"{audio_seconds:.0f} s (limit {limits.max_pending_audio_seconds:g} s). Retry later.",

@@ -115,16 +115,33 @@ def _timed_out(seconds: float) -> OpenAIError:
                        code="timeout", type="timeout_error")
 
 
+def _busy(state: ServerState, e: Overloaded) -> OpenAIError:
+    state.metrics.rejected.labels("overloaded").inc()
+    return OpenAIError(429, str(e), code="server_busy", type="rate_limit_error",
+                       headers={"Retry-After": str(e.retry_after)})
+
+
+async def _discard_body(request: Request, limit: int) -> None:
+    """Read and drop the upload (cheap next to parsing and decoding it), so the connection
+    stays usable for the client's retry."""
+    with contextlib.suppress(UploadTooLarge, Exception):
+        async for _ in Request(request.scope, _counting(request.receive, limit)).stream():
+            pass
+
+
 async def handle_transcription(request: Request, state: ServerState, task: str) -> Response:
     runtime = state.require_ready()
+    try:
+        state.admission.check_room()  # a full server refuses before the costly part
+    except Overloaded as e:
+        await _discard_body(request, state.settings.limits.max_bytes + FORM_OVERHEAD)
+        raise _busy(state, e) from None
     req, audio = await _read_request(request, state, task)
     seconds = audio.shape[0] / runtime.adapter.config.sample_rate
     try:
         ticket = state.admission.admit(seconds)
     except Overloaded as e:
-        state.metrics.rejected.labels("overloaded").inc()
-        raise OpenAIError(429, str(e), code="server_busy", type="rate_limit_error",
-                          headers={"Retry-After": str(e.retry_after)}) from None
+        raise _busy(state, e) from None
     endpoint = request.url.path
     timeout = state.settings.request_timeout_s
     if req.stream:
