@@ -66,3 +66,19 @@ def test_reduced_precision_engine_still_transcribes(quantize):
     assert fox.language == "en" and fox.text == "The quick brown fox jumps over the lazy dog."
     assert fr.language == "fr" and fr.text.startswith("Portez ce vi")
     assert zh.language == "zh" and zh.text.startswith("你好")
+
+
+def test_sampling_with_every_token_masked_ends_like_greedy(runtime):
+    """Found by the fuzz suite: a fallback retry (sampling) on damaged audio reached a step where
+    no token was allowed; softmax of all -inf is NaN and torch.multinomial raised (a 500)."""
+    import torch
+
+    from asr_service.engine.batch_engine import _sample_one
+
+    params = replace(runtime.adapter.build_fused_autodetect_params(), temperature=0.6, top_k=5, top_p=0.9)
+    masked = torch.full((51865,), float("-inf"))
+    token = _sample_one(masked, params, torch.Generator().manual_seed(0))
+    assert 0 <= token < 51865 and masked[token] == float("-inf")  # the caller ends the sequence as "grammar"
+    with_nan = torch.zeros(51865)
+    with_nan[:10] = float("nan")
+    assert _sample_one(with_nan, params, torch.Generator().manual_seed(0)) >= 10

@@ -1,5 +1,5 @@
 """A bounded load test on loopback: 64 asyncio clients mixing short, long, streaming and
-cancelled requests against a live server for ASR_LOAD_SECONDS (25 in CI; `make load-test`
+cancelled requests against a live server for ASR_LOAD_SECONDS (20 in CI; `make load-test`
 runs 60). It stops by itself. Zero 5xx, every accepted request answered in full, 429s only
 because the pending bound was reached, the engine idle again at the end, RSS bounded.
 Figures go to test-artifacts/load-test.json."""
@@ -21,7 +21,7 @@ from bench.clips import all_clips, load_clip
 from bench.server_process import ServerProcess
 from tests.test_server_api import wav_bytes
 
-SECONDS = float(os.environ.get("ASR_LOAD_SECONDS", "25"))
+SECONDS = float(os.environ.get("ASR_LOAD_SECONDS", "20"))
 CLIENTS = 64
 MAX_PENDING = 8
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"

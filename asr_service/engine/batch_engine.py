@@ -480,8 +480,14 @@ def _next_power_of_two(n: int) -> int:
 
 
 def _sample_one(logits: torch.Tensor, params: DecodeParams, generator: torch.Generator) -> int:
-    """Temperature sampling over the tokens that survive top_k, then top_p (nucleus)."""
-    scaled = logits / params.temperature
+    """Temperature sampling over the tokens that survive top_k, then top_p (nucleus).
+
+    When the grammar leaves no token (all -inf), the argmax is returned: its log-probability is
+    -inf, which ends the sequence as "grammar" exactly as in the greedy path (softmax of all -inf
+    is NaN, which multinomial refuses)."""
+    scaled = torch.nan_to_num(logits / params.temperature, nan=float("-inf"))
+    if not torch.isfinite(scaled).any():
+        return int(torch.argmax(logits))
     if params.top_k:
         kth = torch.topk(scaled, min(params.top_k, scaled.shape[-1])).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
