@@ -154,4 +154,6 @@ def test_mixed_load_with_backpressure(server):
     assert all(figures["answered_by_kind"].get(kind, 0) > 0 for kind in ("short", "long", "streaming")), figures
     assert by_outcome["cancelled"] > 0
     assert health["active_sequences"] == 0 and health["queued_sequences"] == 0 and health["pending_requests"] == 0
-    assert max(samples["rss"]) < 2500 and after < baseline + 600, figures["rss_mb"]
+    # The bound: the engine's caches grow to the batch's size once (the bench measured 1.46 GB at
+    # 16 clients, fp32); after the load nothing more piles up.
+    assert max(samples["rss"]) < 2000 and after <= max(samples["rss"]) + 50, figures["rss_mb"]
