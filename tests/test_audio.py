@@ -29,26 +29,28 @@ FORMATS = [
 ]
 
 
-def encode(container_format: str, codec: str, seconds=1.5, rate=44100, layout="stereo") -> bytes:
-    """A tone encoded by FFmpeg's libraries through PyAV, in memory."""
+def encode_samples(planar: np.ndarray, rate: int, layout: str, codec: str, fmt: str, container: str) -> bytes:
+    """Samples (channels x n) encoded by FFmpeg's libraries through PyAV, in memory."""
     buf = io.BytesIO()
-    with av.open(buf, mode="w", format=container_format) as out:
-        codec_rate = 48000 if codec == "libopus" else rate
-        stream = out.add_stream(codec, rate=codec_rate, layout=layout)
-        t = np.arange(int(seconds * codec_rate)) / codec_rate
-        tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
-        channels = 2 if layout == "stereo" else 1
-        planar = np.tile(tone, (channels, 1))
-        fmt = "fltp"
-        step = 1024
-        for i in range(0, planar.shape[1], step):
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planar[:, i : i + step]), format=fmt, layout=layout)
-            frame.sample_rate = codec_rate
+    with av.open(buf, mode="w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate, layout=layout)
+        for i in range(0, planar.shape[1], 1024):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planar[:, i : i + 1024]), format=fmt, layout=layout)
+            frame.sample_rate = rate
             for packet in stream.encode(frame):
                 out.mux(packet)
         for packet in stream.encode(None):
             out.mux(packet)
     return buf.getvalue()
+
+
+def encode(container_format: str, codec: str, seconds=1.5, rate=44100, layout="stereo") -> bytes:
+    """A tone in the given container and codec."""
+    codec_rate = 48000 if codec == "libopus" else rate
+    t = np.arange(int(seconds * codec_rate)) / codec_rate
+    tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    planar = np.tile(tone, (2 if layout == "stereo" else 1, 1))
+    return encode_samples(planar, codec_rate, layout, codec, "fltp", container_format)
 
 
 @pytest.mark.parametrize("name,container,codec", FORMATS, ids=[f[0] for f in FORMATS])

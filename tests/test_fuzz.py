@@ -4,11 +4,9 @@
 CI runs a fixed number of examples with a fixed seed; `make fuzz` runs many more with fresh
 randomness (ASR_FUZZ_EXAMPLES, ASR_FUZZ_RANDOM)."""
 
-import io
 import os
 import struct
 
-import av
 import httpx
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ from hypothesis import strategies as st
 
 from bench.clips import clip_path, load_clip
 from bench.server_process import ServerProcess
+from tests.test_audio import encode_samples
 
 EXAMPLES = int(os.environ.get("ASR_FUZZ_EXAMPLES", "30"))
 LONG_RUN = bool(os.environ.get("ASR_FUZZ_RANDOM"))
@@ -120,21 +119,6 @@ def test_random_bytes(server, blob, name):
     check(post(server, {}, {"file": (name, blob, "application/octet-stream")}))
 
 
-def encoded(samples: np.ndarray, rate: int, layout: str, codec: str, fmt: str, container: str) -> bytes:
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate, layout=layout)
-        for start in range(0, samples.shape[1], 8192):
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[:, start : start + 8192]), format=fmt,
-                                               layout=layout)
-            frame.sample_rate = rate
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
-    return buf.getvalue()
-
-
 def test_edge_files_and_a_decompression_bomb(server):
     """Explicit cases: empty, a header that claims 4 GB over 1 s of samples, 32 channels,
     extreme sample rates, and a small FLAC that decodes to an hour of audio (the limit is
@@ -148,7 +132,8 @@ def test_edge_files_and_a_decompression_bomb(server):
         "32 channels": wav_header(32, 16000, 16, len(pcm) * 32) + np.repeat(np.frombuffer(pcm, "<i2"), 32).tobytes(),
         "1 Hz": wav_header(1, 1, 16, len(pcm)) + pcm,
         "384 kHz": wav_header(1, 384000, 16, len(pcm)) + pcm,
-        "hour of silence": encoded(np.zeros((1, 3600 * 8000), dtype=np.int16), 8000, "mono", "flac", "s16", "flac"),
+        "hour of silence": encode_samples(np.zeros((1, 3600 * 8000), dtype=np.int16), 8000, "mono", "flac", "s16",
+                                          "flac"),
     }
     assert len(cases["hour of silence"]) < 2_000_000  # small on the wire
     for name, blob in cases.items():

@@ -30,9 +30,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 
+KEY = "sk-page-test-key"
+
+
 @pytest.fixture(scope="module")
 def server():
-    proc = ServerProcess("--threads", "2")
+    proc = ServerProcess("--threads", "2", "--api-key", KEY)  # the page sends the key it is given
     try:
         proc.wait_ready()
         yield proc
@@ -83,6 +86,7 @@ def screenshot(driver, name: str) -> Path:
 def test_microphone_speech_shows_up_live_on_the_page(server, browser):
     browser.get(server.url + "/")
     assert browser.find_element(By.CSS_SELECTOR, "label[for=live-language]").text == "Language"
+    browser.find_element(By.ID, "api-key").send_keys(KEY)
     # Test-side watcher: the text of each unfinished line, every time the page changes it.
     browser.execute_script("""
         window.partialTexts = [];
@@ -111,6 +115,13 @@ def test_microphone_speech_shows_up_live_on_the_page(server, browser):
 def test_upload_form_shows_text_language_and_segments(server, browser, tmp_path):
     browser.get(server.url + "/")
     upload = tmp_path / "bonjour.wav"
+    browser.find_element(By.ID, "api-key").send_keys("sk-wrong")
+    browser.find_element(By.ID, "file").send_keys(str(clip_path("en", "hello_world")))
+    browser.find_element(By.CSS_SELECTOR, "#upload button[type=submit]").click()
+    WebDriverWait(browser, 30, poll_frequency=0.2).until(lambda d: "Error" in d.find_element(By.ID, "file-status").text)
+    assert "invalid_api_key" in browser.find_element(By.ID, "file-status").text
+    browser.get(server.url + "/")
+    browser.find_element(By.ID, "api-key").send_keys(KEY)
     shutil.copy(clip_path("fr", "bonjour_monde"), upload)
     browser.find_element(By.ID, "file").send_keys(str(upload))
     browser.find_element(By.CSS_SELECTOR, "#upload button[type=submit]").click()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -20,7 +20,7 @@ from starlette.background import BackgroundTask
 
 from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_audio
 from ..formats import render, to_json, to_verbose_json
-from ..streaming import StreamFailed, StreamItem, stream_transcription
+from ..streaming import StreamDone, StreamFailed, StreamItem, stream_transcription
 from .admission import Overloaded
 from .errors import OpenAIError
 from .request_form import TranscriptionRequest, parse_transcription_form
@@ -101,13 +101,15 @@ async def _until_disconnected(request: Request, work):
                 await task
 
 
-async def _with_deadline(items: AsyncIterator[StreamItem], seconds: float) -> AsyncIterator[StreamItem]:
+async def _with_deadline(items: AsyncGenerator[StreamItem, None], seconds: float) -> AsyncIterator[StreamItem]:
     try:
         async with asyncio.timeout(seconds):
             async for item in items:
                 yield item
     except TimeoutError:
         yield StreamFailed(f"Request timed out after {seconds:g} s of decoding", code="timeout")
+    finally:
+        await items.aclose()  # now, not at garbage collection: it cancels the engine work
 
 
 def _timed_out(seconds: float) -> OpenAIError:
@@ -149,6 +151,10 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
             try:
                 async for item in _with_deadline(stream_transcription(runtime.transcriber, audio, req.options),
                                                  timeout):
+                    if req.options.language is None and isinstance(item, StreamDone):
+                        state.metrics.detection(item.result.language)
+                    elif isinstance(item, StreamFailed) and item.code == "language_detection_failed":
+                        state.metrics.detection(None)
                     yield item
                 state.metrics.audio_seconds.labels(endpoint).inc(seconds)
             finally:

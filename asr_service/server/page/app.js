@@ -11,6 +11,10 @@ for (const id of ["live-language", "file-language"]) {
   for (const [code, name] of Object.entries(LANGUAGES)) select.add(new Option(`${name} (${code})`, code));
 }
 
+function apiKey() {
+  return document.getElementById("api-key").value.trim();
+}
+
 // ---- live transcription ----
 
 const recordButton = document.getElementById("record");
@@ -80,7 +84,9 @@ async function startRecording() {
   const context = new AudioContext({ sampleRate: RATE });
   await context.audioWorklet.addModule("/page/pcm-worklet.js");
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const ws = new WebSocket(`${scheme}://${location.host}/v1/realtime?intent=transcription`);
+  // A browser cannot set headers on a WebSocket: the key goes as a subprotocol, as OpenAI's client does it.
+  const protocols = apiKey() ? ["realtime", `openai-insecure-api-key.${apiKey()}`] : undefined;
+  const ws = new WebSocket(`${scheme}://${location.host}/v1/realtime?intent=transcription`, protocols);
   live = { ws, context, stream };
   ws.onmessage = (message) => onServerEvent(JSON.parse(message.data));
   ws.onclose = () => {  // keep an error the server sent before closing (e.g. too many sessions)
@@ -143,7 +149,8 @@ form.addEventListener("submit", async (event) => {
   fileStatus.textContent = "Transcribing…";
   document.getElementById("file-result").hidden = true;
   try {
-    const response = await fetch("/v1/audio/transcriptions", { method: "POST", body });
+    const headers = apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {};
+    const response = await fetch("/v1/audio/transcriptions", { method: "POST", body, headers });
     const result = await response.json();
     if (!response.ok) throw new Error(result.error ? `${result.error.message} (${result.error.code})` : response.statusText);
     document.getElementById("file-language-out").textContent = result.language || "not detected";
