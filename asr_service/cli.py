@@ -151,10 +151,9 @@ async def _transcribe_files(args, runtime) -> int:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         for leftover in args.output_dir.glob(f".*{PARTIAL}"):  # from a run that was killed mid-write
             leftover.unlink()
-        done = [i for i in todo if outputs[i].exists()]
-        for i in done:
+        for i in (i for i in todo if outputs[i].exists()):
             print(f"skipping {args.files[i]}: {outputs[i]} exists", file=sys.stderr)
-        todo = [i for i in todo if i not in set(done)]
+        todo = [i for i in todo if not outputs[i].exists()]
     audios: list = []
     for i in todo:
         try:

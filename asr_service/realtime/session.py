@@ -386,9 +386,7 @@ class RealtimeSession:
         audio = utterance.audio()
         try:
             result = await self._final_decode(utterance, audio)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the session goes on with the next utterance
+        except Exception as e:  # the session goes on with the next utterance (cancellation passes through)
             self.emit(Failed(utterance.item_id, f"Transcription failed: {type(e).__name__}: {e}",
                              "transcription_failed"))
             return

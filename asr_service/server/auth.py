@@ -12,7 +12,6 @@ query strings).
 from __future__ import annotations
 
 import hmac
-import json
 import os
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
@@ -59,8 +58,5 @@ def websocket_key(headers: dict[bytes, bytes], subprotocols: list[str]) -> str |
     return None
 
 
-def unauthorized_body(presented: bool) -> bytes:
-    message = ("Incorrect API key provided." if presented else
-               "Missing API key: send 'Authorization: Bearer <key>'.")
-    return json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": "invalid_api_key"}}).encode()
+def unauthorized_message(presented: bool) -> str:
+    return "Incorrect API key provided." if presented else "Missing API key: send 'Authorization: Bearer <key>'."

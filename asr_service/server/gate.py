@@ -12,13 +12,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from starlette.websockets import WebSocket
+
 from ..realtime import protocol
-from .auth import ApiKeys, bearer_token, unauthorized_body, websocket_key
+from .auth import ApiKeys, bearer_token, unauthorized_message, websocket_key
+from .errors import OpenAIError
 
 OPEN_PATHS = frozenset({"/health", "/"})  # the page's HTML and static files hold no data
 OPEN_PREFIXES = ("/page/",)
 POLICY_VIOLATION = 1008
 GOING_AWAY = 1001
+TRY_AGAIN_LATER = 1013  # the server is overloaded or not ready
 
 
 @dataclass
@@ -34,18 +38,16 @@ def offered_subprotocol(scope) -> str | None:
     return "realtime" if "realtime" in scope.get("subprotocols", []) else None
 
 
-async def refuse_websocket(receive, send, scope, message: str, code: str, close_code: int) -> None:
-    dialect = protocol.OPENAI if b"intent=transcription" in scope.get("query_string", b"") else protocol.VLLM
-    await receive()  # websocket.connect
-    await send({"type": "websocket.accept", "subprotocol": offered_subprotocol(scope)})
-    await send({"type": "websocket.send", "text": json.dumps(protocol.error_event(dialect, message, code))})
-    await send({"type": "websocket.close", "code": close_code, "reason": code})
+def dialect_of(ws: WebSocket) -> str:
+    return protocol.OPENAI if ws.query_params.get("intent") == "transcription" else protocol.VLLM
 
 
-async def respond(send, status: int, body: bytes, extra_headers: list | None = None) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
-    await send({"type": "http.response.body", "body": body})
+async def refuse_websocket(ws: WebSocket, message: str, code: str, close_code: int) -> None:
+    """Accept, send one ``error`` event in the client's dialect, close: the only refusal a
+    browser can read."""
+    await ws.accept(subprotocol=offered_subprotocol(ws.scope))
+    await ws.send_text(json.dumps(protocol.error_event(dialect_of(ws), message, code)))
+    await ws.close(code=close_code, reason=code)
 
 
 class Gate:
@@ -60,21 +62,21 @@ class Gate:
         if self.door.draining:
             message = "Server is shutting down and takes no new requests; retry on another instance."
             if websocket:
-                return await refuse_websocket(receive, send, scope, message, "shutting_down", GOING_AWAY)
-            body = json.dumps({"error": {"message": message, "type": "service_unavailable", "param": None,
-                                         "code": "shutting_down"}}).encode()
-            return await respond(send, 503, body)
+                return await refuse_websocket(WebSocket(scope, receive, send), message, "shutting_down", GOING_AWAY)
+            return await OpenAIError(503, message, code="shutting_down").response()(scope, receive, send)
         path = scope["path"]
         if self.door.keys.enabled and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
             headers = dict(scope.get("headers", []))
             presented = (websocket_key(headers, scope.get("subprotocols", [])) if websocket
                          else bearer_token(headers))
             if not self.door.keys.accepts(presented):
+                message = unauthorized_message(presented is not None)
                 if websocket:
-                    error = json.loads(unauthorized_body(presented is not None))["error"]["message"]
-                    return await refuse_websocket(receive, send, scope, error, "invalid_api_key", POLICY_VIOLATION)
-                return await respond(send, 401, unauthorized_body(presented is not None),
-                                     [(b"www-authenticate", b"Bearer")])
+                    return await refuse_websocket(WebSocket(scope, receive, send), message, "invalid_api_key",
+                                                  POLICY_VIOLATION)
+                error = OpenAIError(401, message, code="invalid_api_key", type="invalid_request_error",
+                                    headers={"WWW-Authenticate": "Bearer"})
+                return await error.response()(scope, receive, send)
         self.door.inside += 1
         try:
             await self.app(scope, receive, send)

@@ -24,12 +24,10 @@ from ..realtime.input_audio import InputAudioDecoder, InputAudioError
 from ..realtime.protocol import OPENAI, VLLM, ProtocolError
 from ..realtime.session import Completed, RealtimeLimits, RealtimeSession, SessionConfig
 from ..runtime import Runtime
-from .gate import offered_subprotocol
+from .gate import TRY_AGAIN_LATER, dialect_of, offered_subprotocol, refuse_websocket
 from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
-
-TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is overloaded or not ready
 
 
 class SessionSlots:
@@ -47,16 +45,6 @@ class SessionSlots:
 
     def give_back(self) -> None:
         self.active -= 1
-
-
-async def refuse(ws: WebSocket, dialect: str, message: str, code: str) -> None:
-    await ws.accept(subprotocol=offered_subprotocol(ws.scope))
-    await ws.send_text(json.dumps(protocol.error_event(dialect, message, code)))
-    await ws.close(code=TRY_AGAIN_LATER, reason=code)
-
-
-def dialect_of(ws: WebSocket) -> str:
-    return OPENAI if ws.query_params.get("intent") == "transcription" else VLLM
 
 
 class RealtimeConnection:
@@ -230,13 +218,12 @@ class RealtimeConnection:
 
 async def realtime_endpoint(ws: WebSocket, runtime: Runtime | None, not_ready: str | None, slots: SessionSlots,
                             limits: RealtimeLimits, model_name: str, metrics: ServerMetrics | None = None) -> None:
-    dialect = dialect_of(ws)
     if runtime is None:
-        await refuse(ws, dialect, f"Service not ready: {not_ready}. Retry shortly.", "not_ready")
+        await refuse_websocket(ws, f"Service not ready: {not_ready}. Retry shortly.", "not_ready", TRY_AGAIN_LATER)
         return
     if not slots.take():
-        await refuse(ws, dialect, f"Too many realtime sessions (limit {slots.limit}); retry later",
-                     "too_many_sessions")
+        await refuse_websocket(ws, f"Too many realtime sessions (limit {slots.limit}); retry later",
+                               "too_many_sessions", TRY_AGAIN_LATER)
         return
     try:
         await RealtimeConnection(ws, runtime, limits, model_name, metrics).serve()
