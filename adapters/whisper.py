@@ -66,6 +66,7 @@ class WhisperAdapter(TranscriptionAdapter):
             eot_id=tok.eot,
             grammar=self.grammars.get(key),
             regex=self.grammars.regex(key),
+            structural_tag=self.grammars.structural_tag_text(key),
             text_start_after_ids=frozenset(start_after),
             suppress_ids=self._suppress,
             blank_ids=self._blank,

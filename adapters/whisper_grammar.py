@@ -8,6 +8,7 @@ works on token ids instead: at the first step only the language ids are legal.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -46,6 +47,7 @@ class WhisperGrammars:
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self._cache: dict[GrammarKey, xgr.CompiledGrammar] = {}
         self._regexes: dict[GrammarKey, str] = {}
+        self._tag_texts: dict[GrammarKey, str] = {}
         self._lock = threading.Lock()
         self.compile_counts: Counter[GrammarKey] = Counter()
 
@@ -83,6 +85,12 @@ class WhisperGrammars:
                 elements.append({"type": "token", "token": tok.no_timestamps})
         elements.append({"type": "any_tokens", "exclude_tokens": excluded})
         return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
+
+    def structural_tag_text(self, key: GrammarKey) -> str:
+        """The structural tag as JSON text, for engines that compile it themselves (SGLang)."""
+        if key not in self._tag_texts:
+            self._tag_texts[key] = json.dumps(self.structural_tag(key), separators=(",", ":"))
+        return self._tag_texts[key]
 
     def regex(self, key: GrammarKey) -> str:
         """The same constraint as a byte-level regex (looser: see the module docstring)."""

@@ -18,12 +18,22 @@ from .realtime.session import RealtimeLimits
 from .server.admission import AdmissionLimits
 from .server.auth import ENV_VAR, keys_from
 from .model_loading import DEFAULT_MODEL, ModelLoadError
-from .runtime import QUANTIZATIONS
+from .runtime import DEVICES, ENGINES, QUANTIZATIONS
 from .transcription import TranscriptionOptions
 
 
 QUANTIZE_HELP = ("int8: dynamic int8 linear layers (fastest on CPU); bf16: encoder matrix products in bfloat16 "
                  "(for CPUs with AVX512-BF16 or AMX). Both change some transcripts; default: fp32")
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=DEVICES, help="where the embedded engine runs (default: cuda when "
+                                                     "torch sees a GPU, else cpu); float16 on cuda")
+    p.add_argument("--engine", choices=ENGINES, default="embedded",
+                   help="embedded: decode in this process; sglang: send every decode to SGLang servers")
+    p.add_argument("--sglang-url", nargs="+", default=[], metavar="URL",
+                   help="SGLang servers (or one SGLang router) for --engine sglang; work goes to the one with the "
+                        "least outstanding decodes")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--detect-language-per-chunk", action="store_true", help="each 30 s chunk keeps its own language")
     t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     t.add_argument("--quantize", choices=QUANTIZATIONS, help=QUANTIZE_HELP)
+    _add_engine_args(t)
     t.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest input file in bytes")
     t.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
     t.add_argument("--output-dir", type=Path,
@@ -60,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     s.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
     s.add_argument("--quantize", choices=QUANTIZATIONS, help=QUANTIZE_HELP)
+    _add_engine_args(s)
     s.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest upload in bytes")
     s.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
     s.add_argument("--detection-mode", choices=("fused", "two-stage"), default="fused",
@@ -90,6 +102,7 @@ def _serve(args) -> int:
     settings = ServerSettings(
         model=args.model, served_model_name=args.served_model_name, threads=args.threads,
         max_batch_size=args.max_batch_size, detection=args.detection_mode, quantize=args.quantize,
+        device=args.device, engine=args.engine, sglang_urls=tuple(args.sglang_url),
         limits=AudioLimits(args.max_bytes, args.max_seconds),
         realtime=RealtimeLimits(max_sessions=args.max_realtime_sessions, idle_timeout_s=args.realtime_idle_timeout,
                                 max_buffer_seconds=args.realtime_max_buffer_seconds),
@@ -228,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime import build_runtime  # heavy imports only once arguments are valid
 
     try:
-        runtime = build_runtime(args.model, threads=args.threads, quantize=args.quantize)
-    except ModelLoadError as e:
+        runtime = build_runtime(args.model, threads=args.threads, quantize=args.quantize, device=args.device,
+                                engine=args.engine, sglang_urls=tuple(args.sglang_url))
+    except (ModelLoadError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:

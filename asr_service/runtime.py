@@ -1,4 +1,10 @@
-"""Wires one model into a ready-to-use pipeline: weights -> adapter -> engine -> transcriber."""
+"""Wires one model into a ready-to-use pipeline: weights -> adapter -> engine -> transcriber.
+
+Two engines sit behind the same interface: the embedded BatchEngine (CPU, or CUDA in float16)
+and SGLangEngine, which sends every decode to SGLang servers. With SGLang the model named here
+must be the one the servers load: the front still needs its tokenizer and config for prompts,
+grammars and parsing.
+"""
 
 from __future__ import annotations
 
@@ -17,24 +23,52 @@ from .transcription import Transcriber
 # "int8": dynamic int8 linear layers everywhere; "bf16": the encoder's matrix products in
 # bfloat16, decoder in fp32 (see BatchEngine). Both are opt-in: each changes some transcripts.
 QUANTIZATIONS = ("int8", "bf16")
+ENGINES = ("embedded", "sglang")
+DEVICES = ("cpu", "cuda")
 
 
 @dataclass
 class Runtime:
     loaded: LoadedModel
     adapter: WhisperAdapter
-    engine: BatchEngine
+    engine: object  # BatchEngine or SGLangEngine
     transcriber: Transcriber
 
     def close(self) -> None:
         self.engine.shutdown()
 
 
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_batch_size: int = 16,
-                  quantize: str | None = None) -> Runtime:
+                  quantize: str | None = None, device: str | None = None, engine: str = "embedded",
+                  sglang_urls: tuple[str, ...] = ()) -> Runtime:
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; supported: {', '.join(ENGINES)}")
     loaded = load_model(model)
+    adapter = WhisperAdapter.from_loaded(loaded)
+    if engine == "sglang":
+        from .engine.sglang import SGLangEngine
+
+        if not sglang_urls:
+            raise ValueError("--engine sglang needs at least one --sglang-url")
+        remote = SGLangEngine(list(sglang_urls), decoder_start_id=adapter.tok.sot)
+        return Runtime(loaded, adapter, remote, Transcriber(remote, adapter, SpeechGate()))
+    device = device or default_device()
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; supported: {', '.join(DEVICES)}")
     encoder_dtype = None
-    if quantize == "bf16":
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch sees no CUDA device (is this a CUDA build of torch?)")
+        if quantize is not None:
+            raise ValueError("--quantize is for the CPU engine; on CUDA the model runs in float16")
+        # Half precision on the GPU: Whisper's weights were trained for it (openai/whisper decodes
+        # in fp16 on CUDA), and it halves memory traffic, which bounds the decode steps.
+        loaded.model.to(device="cuda", dtype=torch.float16)
+    elif quantize == "bf16":
         encoder_dtype = torch.bfloat16
     elif quantize == "int8":
         from .engine.quantize import quantize_int8
@@ -43,8 +77,7 @@ def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_ba
         return_freed_memory()  # the float weights that quantization replaced
     elif quantize is not None:
         raise ValueError(f"unknown quantization {quantize!r}; supported: {', '.join(QUANTIZATIONS)}")
-    adapter = WhisperAdapter.from_loaded(loaded)
     # Threads: all cores by default; more processes or threads than cores only add contention.
-    engine = BatchEngine(loaded.model, max_batch_size=max_batch_size, threads=threads or os.cpu_count(),
-                         encoder_dtype=encoder_dtype)
-    return Runtime(loaded, adapter, engine, Transcriber(engine, adapter, SpeechGate()))
+    batch = BatchEngine(loaded.model, max_batch_size=max_batch_size, threads=threads or os.cpu_count(),
+                        encoder_dtype=encoder_dtype)
+    return Runtime(loaded, adapter, batch, Transcriber(batch, adapter, SpeechGate()))

@@ -17,6 +17,7 @@ from typing import AsyncIterator
 
 import numpy as np
 
+from .engine.params import raise_if_failed
 from .fallback import is_silent, may_be_silent
 from .transcription import Transcriber, TranscriptionOptions, TranscriptionResult
 
@@ -102,8 +103,10 @@ async def stream_transcription(
                         emitted += delta
                         yield TextDelta(delta)
             result = stream.result
-            if result.finish_reason in ("error", "cancelled"):
-                raise RuntimeError(f"decode {result.finish_reason}: {result.error or 'no result'}")
+            if result.finish_reason == "unavailable":
+                yield StreamFailed(f"The decoding backend failed: {result.error}", code="backend_unavailable")
+                return
+            raise_if_failed(result)
             if body_start is None:
                 yield StreamFailed(DETECTION_FAILED)
                 return

@@ -16,7 +16,7 @@ from adapters.base import ParsedOutput, TranscriptionAdapter
 
 from .chunking import AudioChunk, split_audio
 from .engine.batch_engine import BatchEngine
-from .engine.params import DecodeParams, SequenceResult
+from .engine.params import DecodeParams, SequenceResult, raise_if_failed
 from .fallback import DecodeFigures, QualityThresholds, compression_ratio, is_silent, needs_fallback, pick_best
 from .language_vote import is_outlier, vote
 from .speech_gate import SpeechGate
@@ -141,6 +141,16 @@ class Transcriber:
             changes.update(beam_size=options.beam_size, length_penalty=options.length_penalty)
         return replace(params, **changes)
 
+    def refusal(self, options: TranscriptionOptions) -> Exception | None:
+        """Why the engine cannot decode what ``options`` ask for (an engine without limits: None).
+        Checked before any work, so the caller gets a 400 instead of a failure mid-request."""
+        check = getattr(self.engine, "refusal", None)
+        if check is None:
+            return None
+        # Conditioning on the previous chunk puts its text in the next chunk's prompt.
+        previous = "." if options.condition_on_previous_text else None
+        return check(self.params_for(options, previous_text=previous))
+
     async def _detect_two_stage(self, chunk: AudioChunk, options: TranscriptionOptions) -> str | None:
         params = replace(self.params_for(options, None), max_new_tokens=1)
         # A copy: the baseline is vLLM's two requests, each encoding the audio (the engine
@@ -184,8 +194,7 @@ class Transcriber:
 
     def outcome(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult,
                 options: TranscriptionOptions) -> ChunkOutcome:
-        if result.finish_reason in ("error", "cancelled"):
-            raise RuntimeError(f"decode {result.finish_reason}: {result.error or 'no result'}")
+        raise_if_failed(result)
         adapter = self.adapter
         parsed = adapter.parse_output(result.token_ids, params)
         text_logprobs = result.logprobs[parsed.prefix_length :]

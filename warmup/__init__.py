@@ -4,11 +4,15 @@ Variants: transcribe/translate x notimestamps/timestamps, each both for fused de
 the full language set and for a known language (text-only grammar). Grammar cache keys are
 deterministic, so each variant compiles exactly once; a short decode on silence through each
 variant, drained to the end, pays the first-call costs (allocation, kernels, matcher setup)
-before the server says it is ready.
+before the server says it is ready. With SGLang servers behind the service, each variant is
+sent once per server at the same time (least-outstanding balancing gives each server one), so
+every server compiles every grammar before real traffic; a server that is down is skipped
+(the warm decode ends "unavailable") and /health reports it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -41,9 +45,11 @@ async def run_warmup(adapter, engine) -> WarmupReport:
     report = WarmupReport()
     start = time.perf_counter()
     silence = np.zeros(int(WARM_AUDIO_SECONDS * adapter.config.sample_rate), dtype=np.float32)
+    copies = getattr(engine, "backend_count", 1)
     for name, params in variant_params(adapter):  # building the params compiles the grammar
         t = time.perf_counter()
-        await engine.submit(silence, params).collect()  # drain the whole stream
+        streams = [engine.submit(silence, params) for _ in range(copies)]
+        await asyncio.gather(*(s.collect() for s in streams))  # drain every stream to its end
         report.variants.append(name)
         report.step_seconds[name] = round(time.perf_counter() - t, 3)
         log.info("warmup %s: grammar ready, warm decode in %.2fs", name, report.step_seconds[name])

@@ -8,6 +8,11 @@ sequence's slot is filled by the last one), so each step works on plain views.
 
 Callers live on an asyncio loop; the model runs on a worker thread (torch releases the GIL
 inside kernels) and hands events back with ``call_soon_threadsafe``.
+
+Device: the engine runs where the model's weights are (CPU, or CUDA in float16: see
+runtime.build_runtime). Caches and step inputs are made there; logits are taken to float32 for
+the grammar mask, the rules and sampling, so every path behaves alike on both devices. Grammar
+bitmasks are filled on the CPU (xgrammar's matcher) and copied over once per step.
 """
 
 from __future__ import annotations
@@ -41,10 +46,13 @@ class SequenceStream:
         self._queue: asyncio.Queue = asyncio.Queue()
         self.result = SequenceResult()
         self.cancelled = threading.Event()
+        self.on_cancel = None  # set by engines that must act at once (a remote decode is aborted)
 
     def cancel(self) -> None:
         """Free the sequence's slot at the next step (safe from any thread)."""
         self.cancelled.set()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
     # Called on the engine thread.
     def _emit(self, item) -> None:
@@ -122,6 +130,8 @@ class BatchEngine:
     def __init__(self, model: Whisper, max_batch_size: int = 16, max_encode_batch: int = 1, threads: int | None = None,
                  encoder_dtype: torch.dtype | None = None):
         self.model = model
+        weight = model.decoder.token_embedding.weight
+        self.device, self.dtype = weight.device, weight.dtype
         self.encoder_dtype = encoder_dtype
         self.dims = model.dims
         self.max_batch_size = max_batch_size
@@ -224,7 +234,7 @@ class BatchEngine:
         n = len(self._active)
 
         def grow(old, positions: int):
-            new = torch.zeros(capacity, d.n_text_head, positions, hd)
+            new = torch.zeros(capacity, d.n_text_head, positions, hd, device=self.device, dtype=self.dtype)
             if old is not None and n:
                 keep = min(positions, old.shape[2])
                 new[:n, :, :keep] = old[:n, :, :keep]
@@ -251,8 +261,10 @@ class BatchEngine:
         todo = list({id(s.audio): s for s in seqs if _cached(self._encoded, s.audio) is None}.values())
         if todo:
             mel = torch.stack([log_mel_spectrogram(s.audio, self.dims.n_mels) for s in todo])
-            with torch.autocast("cpu", dtype=self.encoder_dtype or torch.bfloat16, enabled=self.encoder_dtype is not None):
-                features = self.model.encoder(mel).float()
+            mel = mel.to(self.device, self.dtype)
+            with torch.autocast(self.device.type, dtype=self.encoder_dtype or torch.bfloat16,
+                                enabled=self.encoder_dtype is not None):
+                features = self.model.encoder(mel).to(self.dtype)
             self.encoder_windows += len(todo)
             for s, f in zip(todo, features):
                 # A weak reference: the cache must not keep a request's audio alive, and a dead
@@ -279,15 +291,15 @@ class BatchEngine:
         n = len(seq.tokens) - 1
         if n == 0:
             return
-        tokens = torch.tensor([seq.tokens[:n]])
-        positions = torch.arange(n)[None]
+        tokens = torch.tensor([seq.tokens[:n]], device=self.device)
+        positions = torch.arange(n, device=self.device)[None]
         caches = [(k[slot : slot + 1, :, :n], v[slot : slot + 1, :, :n]) for k, v in self._self_kv]
         cross = [(k[slot : slot + 1], v[slot : slot + 1]) for k, v in self._cross_kv]
-        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()[None, None]
         hidden = self.model.decoder(tokens, positions, caches, cross, causal)
         p = seq.params
         if p.probe_ids and p.probe_index < n:
-            probs = torch.softmax(self.model.decoder.logits(hidden[0, p.probe_index]), dim=-1)
+            probs = torch.softmax(self.model.decoder.logits(hidden[0, p.probe_index]).float(), dim=-1)
             seq.stream.result.probe_probs = {t: float(probs[t]) for t in p.probe_ids}
 
     def _drop_cancelled(self) -> None:
@@ -298,15 +310,15 @@ class BatchEngine:
     def _step(self) -> None:
         n = len(self._active)
         seqs = self._active
-        positions = torch.tensor([[len(s.tokens) - 1] for s in seqs])
-        tokens = torch.tensor([[s.tokens[-1]] for s in seqs])
-        ctx = int(positions.max()) + 1
+        positions = torch.tensor([[len(s.tokens) - 1] for s in seqs], device=self.device)
+        tokens = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.device)
+        ctx = max(len(s.tokens) for s in seqs)
         self._ensure_capacity(n, ctx)
         caches = [(k[:n, :, :ctx], v[:n, :, :ctx]) for k, v in self._self_kv]
         cross = [(k[:n], v[:n]) for k, v in self._cross_kv]
-        mask = (torch.arange(ctx)[None, :] <= positions)[:, None, None, :]
+        mask = (torch.arange(ctx, device=self.device)[None, :] <= positions)[:, None, None, :]
         hidden = self.model.decoder(tokens, positions, caches, cross, mask)
-        logits = self.model.decoder.logits(hidden[:, 0])
+        logits = self.model.decoder.logits(hidden[:, 0]).float()
         self.steps += 1
         self.tokens_total += n
         self.batch_sizes[n] += 1
@@ -352,7 +364,7 @@ class BatchEngine:
         tokens and grammar state copied from their parent beams); returns slots to release."""
         slots = [i for i, s in enumerate(self._active) if s.group is group]
         beams = [self._active[i] for i in slots]
-        chosen = group.select([b.as_hypothesis() for b in beams], logprobs[slots])
+        chosen = group.select([b.as_hypothesis() for b in beams], logprobs[slots].cpu())
         if chosen:
             parents = [slots[p] for p, _, _ in chosen]
             targets = slots[: len(chosen)]
@@ -401,7 +413,7 @@ class BatchEngine:
             else:
                 bitmask[i] = -1
         if constrained:
-            xgr.apply_token_bitmask_inplace(logits, bitmask)
+            xgr.apply_token_bitmask_inplace(logits, bitmask.to(self.device, non_blocking=True))
         for i, s in enumerate(seqs):
             if s.text_start is not None:
                 apply_text_rules(logits[i], s.params, s.tokens[s.text_start :])
@@ -410,8 +422,8 @@ class BatchEngine:
     def _sample(seqs: list[_Sequence], logits: torch.Tensor) -> list[int]:
         chosen = logits.argmax(dim=-1).tolist()
         for i, s in enumerate(seqs):
-            if s.generator is not None:
-                chosen[i] = _sample_one(logits[i], s.params, s.generator)
+            if s.generator is not None:  # on the CPU: its generator is, and a seed gives one result anywhere
+                chosen[i] = _sample_one(logits[i].cpu(), s.params, s.generator)
         return chosen
 
     def _release(self, index: int, reason: str) -> None:
@@ -442,11 +454,11 @@ class BatchEngine:
         """While the slot still holds the audio's K/V: the alignment heads' attention for every
         generated token of ``all_tokens`` (prompt + generated), from one teacher-forced pass
         (word timing needs it, decoding does not)."""
-        tokens = torch.tensor([all_tokens[:-1]])  # inputs: each position predicts the next token
+        tokens = torch.tensor([all_tokens[:-1]], device=self.device)  # inputs: each position predicts the next token
         cross = [(k[slot : slot + 1], v[slot : slot + 1]) for k, v in self._cross_kv]
         weights = self.model.decoder.cross_attention(tokens, cross, list(seq.params.alignment_heads))
         first = len(seq.params.prompt_ids) - 1
-        seq.stream.result.cross_attention = weights[:, first:].numpy()
+        seq.stream.result.cross_attention = weights[:, first:].float().cpu().numpy()
 
     def _finish_unslotted(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
         if reason == "cancelled":

@@ -164,13 +164,13 @@ class TextDecoder(nn.Module):
         """Teacher-forced pass over ``tokens`` [1, T] (one sequence, from scratch) returning the
         cross-attention weights of the (layer, head) pairs: [len(heads), T, T_audio]."""
         n = tokens.shape[1]
-        positions = torch.arange(n)[None]
-        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        positions = torch.arange(n, device=tokens.device)[None]
+        causal = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()[None, None]
         x = self.token_embedding(tokens) + self.positions[positions]
         found: dict[tuple[int, int], torch.Tensor] = {}
         for i, (layer, (ck, cv)) in enumerate(zip(self.layers, cross)):
             wanted = [h for l, h in heads if l == i]
-            scratch_k = torch.zeros(1, layer.n_head, n, ck.shape[-1])
+            scratch_k = torch.zeros(1, layer.n_head, n, ck.shape[-1], device=ck.device, dtype=ck.dtype)
             scratch_v = torch.zeros_like(scratch_k)
             if wanted:
                 x, weights = layer(x, scratch_k, scratch_v, ck, cv, positions, causal, wanted)

@@ -20,6 +20,9 @@ class DecodeParams:
     grammar: Any = None
     # Regex rendering of the same constraint, for engines that only take a regex.
     regex: str | None = None
+    # The same constraint as xgrammar structural-tag JSON, for engines that compile it themselves
+    # (SGLang): token-level, so as strict as ``grammar``.
+    structural_tag: str | None = None
     # The text part begins after the first of these tokens (in the prompt or generated);
     # the rules below apply only there.
     text_start_after_ids: frozenset[int] = frozenset()
@@ -57,5 +60,19 @@ class SequenceResult:
     # alignment_heads' cross-attention when each generated token was predicted:
     # [heads, generated tokens, audio frames] (None unless asked for).
     cross_attention: Any = None
-    finish_reason: str = ""  # "stop" (end of text), "length", "grammar", "cancelled", "error"
+    # "stop" (end of text), "length", "grammar", "cancelled", "error", or "unavailable" (a remote
+    # engine had no server that could finish it)
+    finish_reason: str = ""
     error: str | None = None
+
+
+class EngineUnavailable(RuntimeError):
+    """The decode could not be finished for want of a working engine server (try again later)."""
+
+
+def raise_if_failed(result: SequenceResult) -> None:
+    """A decode that did not end by itself (stop, length or grammar) raises here."""
+    if result.finish_reason == "unavailable":
+        raise EngineUnavailable(result.error or "no engine server available")
+    if result.finish_reason in ("error", "cancelled"):
+        raise RuntimeError(f"decode {result.finish_reason}: {result.error or 'no result'}")

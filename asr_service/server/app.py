@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from warmup import WarmupReport, run_warmup
@@ -47,6 +47,9 @@ class ServerSettings:
     # "two-stage" (a separate detection decode) exists only as a baseline for bench/.
     detection: str = "fused"
     quantize: str | None = None  # see runtime.QUANTIZATIONS
+    device: str | None = None  # None: cuda when torch sees a GPU, else cpu
+    engine: str = "embedded"  # or "sglang": decodes go to sglang_urls
+    sglang_urls: tuple[str, ...] = ()
     limits: AudioLimits = field(default_factory=AudioLimits)
     realtime: RealtimeLimits = field(default_factory=RealtimeLimits)
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
@@ -77,9 +80,9 @@ class ServerState:
 
     async def start(self) -> None:
         try:
+            s = self.settings
             self.runtime = await asyncio.to_thread(
-                build_runtime, self.settings.model, self.settings.threads, self.settings.max_batch_size,
-                self.settings.quantize)
+                build_runtime, s.model, s.threads, s.max_batch_size, s.quantize, s.device, s.engine, s.sglang_urls)
             self.warmup = await run_warmup(self.runtime.adapter, self.runtime.engine)
         except Exception as e:  # the server stays up and says why it is not ready
             log.exception("start-up failed")
@@ -100,12 +103,26 @@ class ServerState:
                 "cancelled_sequences": engine.cancelled_total, "steps": engine.steps, "tokens": engine.tokens_total,
                 "batch_sizes": dict(engine.batch_sizes), "pending_requests": self.admission.pending_requests,
                 "pending_audio_seconds": round(self.admission.pending_audio_seconds, 3),
-                "realtime_sessions": self.realtime_slots.active, "warmup_seconds": self.warmup.total_seconds}
+                "realtime_sessions": self.realtime_slots.active, "warmup_seconds": self.warmup.total_seconds,
+                "engine": self.settings.engine, "backends": _backends(engine)}
 
     def require_ready(self) -> Runtime:
         if not self.ready:
             raise OpenAIError(503, f"Service not ready: {self.not_ready_reason}. Retry shortly.", code="not_ready")
         return self.runtime
+
+
+def _backends(engine) -> list[dict] | None:
+    """Each SGLang server's state; None for the embedded engine."""
+    pool = getattr(engine, "pool", None)
+    return pool.snapshot() if pool is not None else None
+
+
+def _backend_status(backends: list[dict] | None) -> str:
+    if not backends:
+        return "ok"
+    up = sum(b["state"] == "up" for b in backends)
+    return "ok" if up == len(backends) else "degraded" if up else "unavailable"
 
 
 PAGE_DIR = Path(__file__).parent / "page"
@@ -134,8 +151,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         if figures is None:
             state.require_ready()  # raises the 503
         del figures["steps"], figures["tokens"], figures["batch_sizes"]
-        return {"status": "ok", "model": state.settings.model_name, "warmup_variants": state.warmup.variants,
+        status = _backend_status(figures["backends"])
+        body = {"status": status, "model": state.settings.model_name, "warmup_variants": state.warmup.variants,
                 **figures}
+        # Every SGLang backend down: this front cannot decode, so a load balancer should skip it.
+        return JSONResponse(body, status_code=503 if status == "unavailable" else 200)
 
     @app.get("/metrics")
     async def metrics():

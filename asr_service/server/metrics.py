@@ -72,6 +72,7 @@ class _StateCollector:
         yield CounterMetricFamily("asr_decode_steps", "Engine decode steps", value=state["steps"])
         yield CounterMetricFamily("asr_decoded_tokens", "Tokens decoded (rate() gives tokens per second)",
                                   value=state["tokens"])
+        yield from _backend_families(state.get("backends") or [])
         sizes = state["batch_sizes"]  # {batch size: steps}
         buckets, running = [], 0
         for bound in (1, 2, 4, 8, 16, 32, 64):
@@ -80,3 +81,22 @@ class _StateCollector:
         buckets.append(("+Inf", sum(sizes.values())))
         yield HistogramMetricFamily("asr_batch_size", "Sequences decoded together, per decode step", buckets=buckets,
                                     sum_value=sum(size * count for size, count in sizes.items()))
+
+
+def _backend_families(backends: list[dict]):
+    """Each SGLang backend's state (none with the embedded engine), labelled by its URL."""
+    if not backends:
+        return
+    families = {
+        "up": GaugeMetricFamily("asr_backend_up", "1 when the SGLang backend takes work, 0 while it is out", labels=["url"]),
+        "outstanding": GaugeMetricFamily("asr_backend_outstanding", "Decodes sent to the backend and not finished",
+                                         labels=["url"]),
+        "completed": CounterMetricFamily("asr_backend_completed", "Decodes the backend finished", labels=["url"]),
+        "failures": CounterMetricFamily("asr_backend_failures", "Times the backend failed and was taken out",
+                                        labels=["url"]),
+    }
+    for b in backends:
+        families["up"].add_metric([b["url"]], 1 if b["state"] == "up" else 0)
+        for name in ("outstanding", "completed", "failures"):
+            families[name].add_metric([b["url"]], b[name])
+    yield from families.values()

@@ -19,6 +19,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 
 from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_audio
+from ..engine.params import EngineUnavailable
 from ..formats import render, to_json, to_verbose_json
 from ..streaming import StreamDone, StreamFailed, StreamItem, stream_transcription
 from .admission import Overloaded
@@ -139,6 +140,10 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
         await _discard_body(request, state.settings.limits.max_bytes + FORM_OVERHEAD)
         raise _busy(state, e) from None
     req, audio = await _read_request(request, state, task)
+    refusal = runtime.transcriber.refusal(req.options)
+    if refusal is not None:
+        raise OpenAIError(400, f"Not supported by this server's engine: {refusal}", param=getattr(refusal, "param", None),
+                          code="unsupported_by_engine")
     seconds = audio.shape[0] / runtime.adapter.config.sample_rate
     try:
         ticket = state.admission.admit(seconds)
@@ -170,6 +175,9 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
             result = await _until_disconnected(request, runtime.transcriber.transcribe(audio, options))
     except TimeoutError:
         raise _timed_out(timeout) from None
+    except EngineUnavailable as e:
+        raise OpenAIError(503, f"The decoding backend is unavailable: {e}", code="backend_unavailable",
+                          headers={"Retry-After": "2"}) from None
     finally:
         ticket.release()
     if result is None:

@@ -1,0 +1,82 @@
+"""The SGLang servers behind the service: which one takes the next decode, and which are down.
+
+Each decode goes to the live server with the least outstanding work (sequences sent and not
+finished; ties go to the one used least recently), so a slow or busy server gets less. A server
+that fails (connection refused or dropped, a 5xx) is taken out for ``retry_after`` seconds,
+doubling on each failure in a row up to ``max_retry_after``; after that it gets traffic again,
+and its first success puts it back for good. One URL may also be an SGLang router: it is then
+one backend here, and the router spreads the work behind it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Backend:
+    url: str
+    outstanding: int = 0  # decodes sent and not finished
+    completed: int = 0
+    failures: int = 0  # in total
+    failures_in_row: int = 0
+    down_until: float = 0.0  # monotonic time; 0 when up
+    last_error: str | None = None
+    last_used: int = 0
+
+    def is_up(self, now: float) -> bool:
+        return now >= self.down_until
+
+    def state(self, now: float) -> str:
+        return "up" if self.is_up(now) else "down"
+
+
+@dataclass
+class BackendPool:
+    urls: list[str]
+    retry_after: float = 2.0
+    max_retry_after: float = 60.0
+    backends: list[Backend] = field(init=False)
+
+    def __post_init__(self):
+        if not self.urls:
+            raise ValueError("at least one SGLang URL is needed")
+        self.backends = [Backend(url.rstrip("/")) for url in self.urls]
+        self._uses = itertools.count(1)
+
+    def pick(self, exclude: set[str] = frozenset()) -> Backend | None:
+        """The live backend with the least outstanding work, not in ``exclude``; None if none."""
+        now = time.monotonic()
+        live = [b for b in self.backends if b.is_up(now) and b.url not in exclude]
+        if not live:
+            return None
+        chosen = min(live, key=lambda b: (b.outstanding, b.last_used))
+        chosen.last_used = next(self._uses)
+        return chosen
+
+    def succeeded(self, backend: Backend) -> None:
+        backend.completed += 1
+        backend.failures_in_row = 0
+        backend.down_until = 0.0
+
+    def failed(self, backend: Backend, error: str) -> None:
+        backend.failures += 1
+        backend.failures_in_row += 1
+        backend.last_error = error
+        delay = min(self.max_retry_after, self.retry_after * 2 ** (backend.failures_in_row - 1))
+        backend.down_until = time.monotonic() + delay
+
+    def unavailable_reason(self) -> str:
+        now = time.monotonic()
+        parts = [f"{b.url} down for {b.down_until - now:.0f} s more ({b.last_error})"
+                 for b in self.backends if not b.is_up(now)]
+        return "no SGLang backend is up: " + "; ".join(parts) if parts else "no SGLang backend is up"
+
+    def snapshot(self) -> list[dict]:
+        """Each backend's state, for /health and /metrics."""
+        now = time.monotonic()
+        return [{"url": b.url, "state": b.state(now), "outstanding": b.outstanding, "completed": b.completed,
+                 "failures": b.failures, "retry_in_seconds": round(max(0.0, b.down_until - now), 1),
+                 "last_error": b.last_error} for b in self.backends]

@@ -1,0 +1,220 @@
+"""SGLangEngine: the engine interface (``submit`` -> SequenceStream) over SGLang servers.
+
+Each sequence is one streamed ``/generate`` call (see ``wire``). Tokens are handed to the
+stream as they arrive, so the streaming layer above holds text back until the fused prefix
+parses exactly as with the embedded engine. A cancelled stream (the client left, a deadline,
+a speculative decode dropped) closes the call and posts ``/abort_request`` with its rid, so the
+server frees the sequence at once. A server that fails before any token reached the caller has
+its sequence retried on another; after that the sequence ends ``unavailable`` (a stream cannot
+take text back). The batching itself happens inside SGLang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+
+import httpx
+import numpy as np
+
+from ..batch_engine import SequenceStream
+from ..params import DecodeParams, StepEvent
+from . import wire
+from .backends import Backend, BackendPool
+
+log = logging.getLogger(__name__)
+
+ABORT_TIMEOUT_S = 5.0
+
+
+class BackendFailure(Exception):
+    """The server failed (transport error, 5xx, stream cut short): try another."""
+
+
+class SGLangEngine:
+    def __init__(self, urls: list[str], decoder_start_id: int, connect_timeout_s: float = 5.0,
+                 read_timeout_s: float = 120.0, retry_after_s: float = 2.0):
+        self.pool = BackendPool(list(urls), retry_after=retry_after_s)
+        self.decoder_start_id = decoder_start_id
+        self._timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=30.0, pool=None)
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()  # sequences and aborts in flight (strong references)
+        self._active = 0
+        # The figures the embedded engine reports; steps and batch sizes live inside SGLang.
+        self.steps = 0
+        self.batch_sizes: dict[int, int] = {}
+        self.tokens_total = 0
+        self.submitted_total = 0
+        self.cancelled_total = 0
+        self.aborts_sent = 0
+        self.retried_total = 0  # sequences sent again after a server failed before any token
+
+    @property
+    def active_count(self) -> int:
+        return self._active
+
+    @property
+    def queued_count(self) -> int:
+        return 0  # SGLang queues; the front never holds a sequence back
+
+    @property
+    def backend_count(self) -> int:
+        return len(self.pool.backends)
+
+    def refusal(self, params: DecodeParams) -> wire.UnsupportedDecode | None:
+        return wire.refusal(params, self.decoder_start_id)
+
+    def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
+        problem = self.refusal(params)
+        if problem is not None:
+            raise problem
+        loop = asyncio.get_running_loop()
+        stream = SequenceStream(loop)
+        self.submitted_total += 1
+        task = loop.create_task(self._run(audio, params, stream))
+        self._keep(task)
+
+        def cancel():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop is closed: nothing runs any more
+                pass
+
+        stream.on_cancel = cancel
+        return stream
+
+    def shutdown(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    # ---- one sequence ----
+    def _keep(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _http(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            # One pool of connections per event loop; every sequence holds one while it streams.
+            self._client = httpx.AsyncClient(timeout=self._timeout, limits=httpx.Limits(max_connections=None))
+            self._client_loop = loop
+        return self._client
+
+    async def _run(self, audio: np.ndarray, params: DecodeParams, stream: SequenceStream) -> None:
+        body = wire.generate_body("", audio, params)
+        tried: set[str] = set()
+        self._active += 1
+        try:
+            while True:
+                backend = self.pool.pick(tried)
+                if backend is None:
+                    why = self.pool.unavailable_reason()
+                    return self._finish(stream, "unavailable", why if not tried else f"every SGLang backend failed: {why}")
+                tried.add(backend.url)
+                body["rid"] = f"asr-{uuid.uuid4().hex}"
+                delivered = [0]  # tokens handed to the caller by this attempt
+                backend.outstanding += 1
+                try:
+                    reason, error = await self._generate(backend, body, params, stream, delivered)
+                except asyncio.CancelledError:
+                    self._abort(backend, body["rid"])
+                    self._finish(stream, "cancelled")
+                    raise
+                except wire.GenerateError as e:  # the request itself: every server would say the same
+                    return self._finish(stream, "error", f"SGLang refused the decode: {e}")
+                except BackendFailure as e:
+                    self.pool.failed(backend, str(e))
+                    log.warning("SGLang backend %s failed: %s", backend.url, e)
+                    if delivered[0] == 0:
+                        self.retried_total += 1
+                        continue  # nothing reached the caller: send it to another server
+                    return self._finish(stream, "unavailable",
+                                        f"SGLang backend {backend.url} failed after {delivered[0]} tokens: {e}")
+                finally:
+                    backend.outstanding -= 1
+                self.pool.succeeded(backend)
+                return self._finish(stream, reason, error)
+        finally:
+            self._active -= 1
+
+    async def _generate(self, backend: Backend, body: dict, params: DecodeParams, stream: SequenceStream,
+                        delivered: list[int]) -> tuple[str, str | None]:
+        forced = list(params.prompt_ids[1:])
+        state = wire.StreamState()
+        result = stream.result
+        try:
+            async with self._http().stream("POST", f"{backend.url}/generate", json=body) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode("utf-8", "replace")
+                    refusal = wire.contract_refusal(response.status_code, text)
+                    if refusal is not None:
+                        raise BackendFailure(refusal)
+                    if 400 <= response.status_code < 500:
+                        raise wire.GenerateError(f"HTTP {response.status_code}: {text[:500]}")
+                    raise BackendFailure(f"HTTP {response.status_code}: {text[:200]}")
+                async for line in response.aiter_lines():
+                    event = wire.parse_event_line(line)
+                    if event is None:
+                        continue
+                    start = len(state.token_ids)
+                    new = state.update(event)
+                    for offset, token in enumerate(new):
+                        position = start + offset
+                        if position < len(forced):
+                            if token != forced[position]:
+                                raise wire.GenerateError(f"the server did not follow the constraint: token {token} "
+                                                         f"where the prompt forces {forced[position]}")
+                            continue
+                        if not result.token_ids:
+                            result.probe_probs = _probabilities(state.first_position_logprobs)
+                        result.token_ids.append(token)
+                        result.logprobs.append(state.logprobs[position])
+                        delivered[0] += 1
+                        self.tokens_total += 1
+                        stream._emit(StepEvent(token, state.logprobs[position]))
+                    if state.finish is not None:
+                        break
+        except httpx.HTTPError as e:
+            raise BackendFailure(f"{type(e).__name__}: {e}") from None
+        except ValueError as e:  # JSON that does not parse: not an SGLang server, or a broken one
+            raise BackendFailure(f"unreadable response: {e}") from None
+        if state.finish is None:
+            raise BackendFailure(f"the stream ended after {len(state.token_ids)} tokens without a finish reason")
+        kind = state.finish.get("type")
+        if kind == "stop":
+            if state.finish.get("matched") == params.eot_id and result.token_ids[-1:] != [params.eot_id]:
+                result.token_ids.append(params.eot_id)  # the end of text, as the embedded engine reports it
+                result.logprobs.append(0.0)
+                stream._emit(StepEvent(params.eot_id, 0.0))
+            return "stop", None
+        if kind == "length":
+            return "length", None
+        return "error", f"SGLang ended the decode: {state.finish.get('message') or state.finish}"
+
+    def _abort(self, backend: Backend, rid: str) -> None:
+        """Tell the server to drop ``rid`` now (closing the stream also does, later)."""
+        self.aborts_sent += 1
+
+        async def send():
+            try:
+                await self._http().post(f"{backend.url}/abort_request", json={"rid": rid}, timeout=ABORT_TIMEOUT_S)
+            except httpx.HTTPError as e:
+                log.info("abort of %s on %s not delivered: %s", rid, backend.url, e)
+
+        self._keep(asyncio.get_running_loop().create_task(send()))
+
+    def _finish(self, stream: SequenceStream, reason: str, error: str | None = None) -> None:
+        if reason == "cancelled":
+            self.cancelled_total += 1
+        stream.result.finish_reason = reason
+        stream.result.error = error
+        stream._emit(None)
+
+
+def _probabilities(logprobs: dict[int, float] | None) -> dict[int, float]:
+    """Probe probabilities from the first output position. Masked ids (-inf: not allowed there)
+    are left out, so a no-speech probability the grammar hid reads as unknown, not as zero."""
+    return {t: math.exp(lp) for t, lp in (logprobs or {}).items() if lp > float("-inf")}
