@@ -42,31 +42,39 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _check_choices(engine: str, sglang_urls, device: str, quantize: str | None) -> str:
+    """Refuse a bad combination before the model is loaded (seconds) rather than after."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; supported: {', '.join(ENGINES)}")
+    if engine == "sglang" and not sglang_urls:
+        raise ValueError("--engine sglang needs at least one --sglang-url")
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; supported: {', '.join(DEVICES)}")
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantize!r}; supported: {', '.join(QUANTIZATIONS)}")
+    if engine == "embedded" and device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch sees no CUDA device (is this a CUDA build of torch?)")
+        if quantize is not None:
+            raise ValueError("--quantize is for the CPU engine; on CUDA the model runs in float16")
+    return device
+
+
 def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_batch_size: int = 16,
                   quantize: str | None = None, device: str | None = None, engine: str = "embedded",
                   sglang_urls: tuple[str, ...] = ()) -> Runtime:
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; supported: {', '.join(ENGINES)}")
+    device = _check_choices(engine, sglang_urls, device or default_device(), quantize)
     loaded = load_model(model)
     adapter = WhisperAdapter.from_loaded(loaded)
     if engine == "sglang":
         from .engine.sglang import SGLangEngine
 
-        if not sglang_urls:
-            raise ValueError("--engine sglang needs at least one --sglang-url")
         remote = SGLangEngine(list(sglang_urls), decoder_start_id=adapter.tok.sot)
         return Runtime(loaded, adapter, remote, Transcriber(remote, adapter, SpeechGate()))
-    device = device or default_device()
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}; supported: {', '.join(DEVICES)}")
     encoder_dtype = None
     if device == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: torch sees no CUDA device (is this a CUDA build of torch?)")
-        if quantize is not None:
-            raise ValueError("--quantize is for the CPU engine; on CUDA the model runs in float16")
-        # Half precision on the GPU: Whisper's weights were trained for it (openai/whisper decodes
-        # in fp16 on CUDA), and it halves memory traffic, which bounds the decode steps.
+        # Half precision on the GPU, as openai/whisper and faster-whisper decode there by default:
+        # it halves the memory traffic that bounds each decode step.
         loaded.model.to(device="cuda", dtype=torch.float16)
     elif quantize == "bf16":
         encoder_dtype = torch.bfloat16
@@ -75,8 +83,6 @@ def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_ba
 
         quantize_int8(loaded.model)
         return_freed_memory()  # the float weights that quantization replaced
-    elif quantize is not None:
-        raise ValueError(f"unknown quantization {quantize!r}; supported: {', '.join(QUANTIZATIONS)}")
     # Threads: all cores by default; more processes or threads than cores only add contention.
     batch = BatchEngine(loaded.model, max_batch_size=max_batch_size, threads=threads or os.cpu_count(),
                         encoder_dtype=encoder_dtype)

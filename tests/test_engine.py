@@ -82,3 +82,24 @@ def test_sampling_with_every_token_masked_ends_like_greedy(runtime):
     with_nan = torch.zeros(51865)
     with_nan[:10] = float("nan")
     assert _sample_one(with_nan, params, torch.Generator().manual_seed(0)) >= 10
+
+
+def test_the_torch_bitmask_used_on_gpus_matches_xgrammars_kernel():
+    """The CUDA engine masks with apply_bitmask (plain torch); on the CPU it must agree with
+    xgrammar's own kernel bit for bit, for random masks over Whisper's vocabulary."""
+    import torch
+    import xgrammar as xgr
+
+    from asr_service.engine.batch_engine import apply_bitmask
+
+    generator = torch.Generator().manual_seed(0)
+    vocab = 51865
+    bitmask = xgr.allocate_token_bitmask(4, vocab)
+    bitmask.copy_(torch.randint(-2**31, 2**31 - 1, bitmask.shape, generator=generator, dtype=torch.int64).to(torch.int32))
+    bitmask[3] = -1  # a row without a grammar: everything allowed
+    logits = torch.randn(4, vocab, generator=generator)
+    expected = logits.clone()
+    xgr.apply_token_bitmask_inplace(expected, bitmask)
+    apply_bitmask(logits, bitmask)
+    assert torch.equal(torch.isinf(logits), torch.isinf(expected)) and torch.equal(logits, expected)
+    assert not torch.isinf(logits[3]).any() and torch.isinf(logits[:3]).any()

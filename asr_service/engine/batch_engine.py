@@ -413,7 +413,10 @@ class BatchEngine:
             else:
                 bitmask[i] = -1
         if constrained:
-            xgr.apply_token_bitmask_inplace(logits, bitmask.to(self.device, non_blocking=True))
+            if self.device.type == "cpu":
+                xgr.apply_token_bitmask_inplace(logits, bitmask)
+            else:
+                apply_bitmask(logits, bitmask.to(self.device, non_blocking=True))
         for i, s in enumerate(seqs):
             if s.text_start is not None:
                 apply_text_rules(logits[i], s.params, s.tokens[s.text_start :])
@@ -477,6 +480,20 @@ def _with_beams(seq: _Sequence) -> list[_Sequence]:
     for beam in beams:
         beam.group = group
     return beams
+
+
+_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """xgrammar's token bitmask (int32 words, token i = bit i % 32 of word i // 32) applied with
+    plain torch ops, on any device: xgrammar's own GPU kernels need triton or a compiler at run
+    time; this needs neither. Disallowed tokens get -inf in place."""
+    shifts = _BIT_SHIFTS.get(bitmask.device)
+    if shifts is None:
+        shifts = _BIT_SHIFTS[bitmask.device] = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).bool().flatten(1)[:, : logits.shape[-1]]
+    logits.masked_fill_(~allowed, float("-inf"))
 
 
 def _cached(cache: collections.OrderedDict, audio: np.ndarray) -> torch.Tensor | None:

@@ -1,0 +1,68 @@
+"""The embedded engine on CUDA (float16). Skipped, saying why, where torch sees no GPU (CI);
+the CPU-only checks of the device choice run everywhere."""
+
+from __future__ import annotations
+
+import asyncio
+
+import jiwer
+import pytest
+import torch
+
+from asr_service.runtime import build_runtime
+from asr_service.transcription import TranscriptionOptions
+from bench.clips import load_clip, reference
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device here (torch.cuda.is_available() is False); "
+                                       "the CUDA engine is exercised only on a machine with a GPU")
+
+
+def test_device_choices_are_checked_before_loading():
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            build_runtime(device="cuda")
+    with pytest.raises(ValueError, match="unknown device"):
+        build_runtime(device="tpu")
+    with pytest.raises(ValueError, match="needs at least one --sglang-url"):
+        build_runtime(engine="sglang")
+
+
+@pytest.fixture(scope="module")
+def cuda_runtime():
+    rt = build_runtime(device="cuda")
+    yield rt
+    rt.close()
+
+
+@needs_cuda
+async def test_cuda_engine_transcribes_like_the_cpu_engine(cuda_runtime, runtime):
+    engine = cuda_runtime.engine
+    assert engine.device.type == "cuda" and engine.dtype == torch.float16
+    clips = [("en", "quick_brown_fox"), ("fr", "bonjour_monde"), ("es", "pangrama"), ("de", "zaehlen")]
+    clips = [(lang, name) for lang, name in clips if _exists(lang, name)]
+    for lang, name in clips:
+        audio = load_clip(lang, name)
+        gpu = await cuda_runtime.transcriber.transcribe(audio, TranscriptionOptions())
+        cpu = await runtime.transcriber.transcribe(audio, TranscriptionOptions())
+        assert gpu.language == cpu.language == lang
+        assert jiwer.wer(reference(lang, name).lower(), gpu.text.lower()) <= jiwer.wer(
+            reference(lang, name).lower(), cpu.text.lower()) + 0.15, (gpu.text, cpu.text)
+
+
+@needs_cuda
+async def test_cuda_batches_timestamps_words_beams_and_sampling(cuda_runtime):
+    audio = load_clip("en", "quick_brown_fox")
+    tr = cuda_runtime.transcriber
+    variants = [TranscriptionOptions(timestamps=True, word_timestamps=True), TranscriptionOptions(beam_size=4),
+                TranscriptionOptions(temperature=0.7, seed=3)] + [TranscriptionOptions()] * 12
+    results = await asyncio.gather(*(tr.transcribe(audio, o) for o in variants))
+    assert all("fox" in r.text.lower() for r in results)
+    assert results[0].words and results[0].words[-1].end > results[0].words[0].start
+    assert max(cuda_runtime.engine.batch_sizes) > 1  # the sequences were decoded together
+
+
+def _exists(lang: str, name: str) -> bool:
+    from bench.clips import clip_path
+
+    return clip_path(lang, name).exists()

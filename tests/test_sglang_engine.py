@@ -1,0 +1,307 @@
+"""--engine sglang against STAND-IN SGLang servers (tests/sglang_standin.py).
+
+SGLang needs a GPU, so the servers here are stand-ins that speak SGLang 0.5.21's /generate wire
+format as read from its source and decode with this project's own engine (real Whisper output).
+First the SGLangEngine in-process over real HTTP to the stand-ins, then a live `asr-service serve
+--engine sglang` process with the OpenAI SDK and raw HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import time
+from dataclasses import replace
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from asr_service.engine.params import EngineUnavailable
+from asr_service.engine.sglang import SGLangEngine
+from asr_service.engine.sglang.wire import UnsupportedDecode
+from asr_service.transcription import Transcriber, TranscriptionOptions
+from bench.clips import clip_path, load_clip
+from bench.server_process import ServerProcess
+from tests.sglang_standin import SGLangStandIn
+from tests.test_server_api import assert_openai_error, sse_events, wav_bytes
+
+
+@pytest.fixture(scope="module")
+def standins(runtime):
+    """Two stand-ins: A streams cumulative events (SGLang's default), B incremental ones."""
+    a = SGLangStandIn(runtime.engine, runtime.adapter.tok).start()
+    b = SGLangStandIn(runtime.engine, runtime.adapter.tok, incremental=True).start()
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_faults(standins):
+    for s in standins:
+        s.faults.drop_before_output, s.faults.drop_after_tokens = 0, None
+    yield
+
+
+def remote(runtime, *urls, retry_after_s: float = 2.0) -> Transcriber:
+    engine = SGLangEngine(list(urls), runtime.adapter.tok.sot, retry_after_s=retry_after_s)
+    return Transcriber(engine, runtime.adapter, None)
+
+
+def _tag(body: dict) -> list[dict]:
+    return json.loads(body["sampling_params"]["structural_tag"])["format"]["elements"]
+
+
+# ---- the engine in-process ----
+
+async def test_fused_detection_matches_the_embedded_engine(runtime, standins):
+    a, _ = standins
+    tr = remote(runtime, a.url)
+    for lang, name in (("en", "quick_brown_fox"), ("fr", "bonjour_monde"), ("es", "hola_mundo")):
+        audio = load_clip(lang, name)
+        sent_before = len(a.requests)
+        result = await tr.transcribe(audio, TranscriptionOptions())
+        local = await runtime.transcriber.transcribe(audio, TranscriptionOptions(vad_filter=False))
+        assert result.language == lang and result.language_probability > 0.5, result
+        assert result.text == local.text, (result.text, local.text)
+        body = a.requests[sent_before]
+        # One call per chunk: the private key that makes the prompt [<|startoftranscript|>], and
+        # the token-level constraint: any language token, then the task, then no timestamps.
+        assert body["sampling_params"]["_detect_language"] is True and body["stream"] is True
+        first, task, mode, text = _tag(body)
+        assert {e["token"] for e in first["elements"]} == set(runtime.adapter.tok.language_ids.values())
+        assert task == {"type": "token", "token": runtime.adapter.tok.transcribe}
+        assert mode == {"type": "token", "token": runtime.adapter.tok.no_timestamps}
+        assert text["type"] == "any_tokens" and set(runtime.adapter._suppress) <= set(text["exclude_tokens"])
+        # The audio arrives as it was sent (PCM16 WAV data URL).
+        sent = sf.read(io.BytesIO(base64.b64decode(body["audio_data"].split(",", 1)[1])), dtype="float32")[0]
+        assert np.abs(sent - audio[: sent.shape[0]]).max() < 1e-4 and sent.shape[0] == audio.shape[0]
+
+
+async def test_known_language_translate_and_timestamps_are_forced_by_the_constraint(runtime, standins):
+    a, _ = standins
+    tok = runtime.adapter.tok
+    tr = remote(runtime, a.url)
+    audio = load_clip("fr", "bonjour_monde")
+    before = len(a.requests)
+    result = await tr.transcribe(audio, TranscriptionOptions(language="fr", task="translate", timestamps=True))
+    body = a.requests[before]
+    # SGLang cannot take a prompt, so the prompt's tokens after <|startoftranscript|> are forced
+    # as the first generated ones, and stripped again from what the engine reports.
+    assert _tag(body)[:2] == [{"type": "token", "token": tok.language_ids["fr"]},
+                              {"type": "token", "token": tok.translate}]
+    assert result.task == "translate" and result.language == "fr" and result.text
+    assert result.segments and result.segments[0].start == 0.0 and result.segments[-1].end > 0.5
+    assert all(t < tok.eot for s in result.segments for t in s.tokens)
+
+
+async def test_incremental_and_cumulative_events_give_the_same_tokens(runtime, standins):
+    a, b = standins
+    audio = load_clip("en", "counting")
+    params = runtime.transcriber.params_for(TranscriptionOptions())
+    results = []
+    for standin in (a, b):
+        engine = SGLangEngine([standin.url], runtime.adapter.tok.sot)
+        stream = engine.submit(audio, params)
+        events = [e.token_id async for e in stream]
+        assert events == stream.result.token_ids and stream.result.finish_reason == "stop"
+        results.append(stream.result)
+    assert results[0].token_ids == results[1].token_ids
+    assert results[0].logprobs == pytest.approx(results[1].logprobs)
+    assert results[0].probe_probs == pytest.approx(results[1].probe_probs)
+
+
+async def test_cancel_posts_abort_request_and_frees_the_decode(runtime, standins):
+    a, _ = standins
+    engine = SGLangEngine([a.url], runtime.adapter.tok.sot)
+    audio = np.concatenate([load_clip("en", "quick_brown_fox"), load_clip("en", "counting")] * 2)
+    stream = engine.submit(audio, runtime.transcriber.params_for(TranscriptionOptions()))
+    got = 0
+    async for _ in stream:
+        got += 1
+        if got == 5:
+            stream.cancel()  # what the streaming layer does when its client leaves
+    assert stream.result.finish_reason == "cancelled"
+    rid = a.requests[-1]["rid"]
+    deadline = time.monotonic() + 10
+    while (rid not in a.aborted or rid in a.active) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert rid in a.aborted and rid not in a.active  # /abort_request arrived and the decode stopped
+    assert engine.active_count == 0 and engine.cancelled_total == 1
+
+
+async def test_a_server_failing_before_output_is_retried_on_the_other(runtime, standins):
+    a, b = standins
+    tr = remote(runtime, a.url, b.url)
+    a.faults.drop_before_output = 1
+    b_before = len(b.requests)
+    audio = load_clip("en", "hello_world")
+    # Both idle: the tie goes to A first (least recently used), which drops the connection.
+    result = await tr.transcribe(audio, TranscriptionOptions(language="en"))
+    assert result.text.strip(" .").lower() == "hello world"
+    assert tr.engine.retried_total == 1 and len(b.requests) == b_before + 1
+    state = {s["url"]: s for s in tr.engine.pool.snapshot()}
+    assert state[a.url]["state"] == "down" and state[a.url]["failures"] == 1 and state[a.url]["last_error"]
+    assert state[b.url]["state"] == "up" and state[b.url]["completed"] == 1
+
+
+async def test_a_server_failing_mid_decode_ends_the_sequence_unavailable_then_comes_back(runtime, standins):
+    a, b = standins
+    tr = remote(runtime, a.url, b.url, retry_after_s=0.5)
+    b.faults.drop_after_tokens = 4
+    a.faults.drop_after_tokens = 4
+    with pytest.raises(EngineUnavailable, match="failed after"):
+        await tr.transcribe(load_clip("en", "quick_brown_fox"), TranscriptionOptions(fallback_temperatures=()))
+    # Tokens had reached the caller: no silent retry (a stream cannot take text back).
+    assert tr.engine.retried_total == 0
+    assert any(s["state"] == "down" for s in tr.engine.pool.snapshot())
+    a.faults.drop_after_tokens = b.faults.drop_after_tokens = None
+    await asyncio.sleep(0.6)  # past the retry delay: the servers get work again
+    result = await tr.transcribe(load_clip("en", "hello_world"), TranscriptionOptions())
+    assert result.language == "en" and "world" in result.text.lower()
+
+
+async def test_no_server_reachable_is_unavailable_with_the_reason(runtime):
+    tr = remote(runtime, "http://127.0.0.1:9", "http://127.0.0.1:1")
+    with pytest.raises(EngineUnavailable, match="ConnectError"):
+        await tr.transcribe(load_clip("en", "hello_world"), TranscriptionOptions())
+    assert all(s["state"] == "down" for s in tr.engine.pool.snapshot())
+
+
+async def test_sglang_0_5_22_contract_refusal_is_reported_as_such(runtime):
+    newer = SGLangStandIn(runtime.engine, runtime.adapter.tok, contract=True).start()
+    try:
+        tr = remote(runtime, newer.url)
+        with pytest.raises(EngineUnavailable, match="0.5.21"):
+            await tr.transcribe(load_clip("en", "hello_world"), TranscriptionOptions())
+        assert "_detect_language" in tr.engine.pool.snapshot()[0]["last_error"]
+    finally:
+        newer.stop()
+
+
+async def test_a_request_the_server_refuses_is_an_error_not_a_dead_server(runtime, standins):
+    a, _ = standins
+    engine = SGLangEngine([a.url], runtime.adapter.tok.sot)
+    params = runtime.transcriber.params_for(TranscriptionOptions(temperature=0.5))
+    stream = engine.submit(load_clip("en", "hello_world"), replace(params, top_k=-5))  # SamplingParams.verify refuses
+    await stream.collect()
+    assert stream.result.finish_reason == "error" and "top_k" in stream.result.error
+    assert engine.pool.snapshot()[0]["state"] == "up"
+
+
+def test_what_sglang_cannot_carry_is_refused_before_sending(runtime):
+    engine = SGLangEngine(["http://127.0.0.1:9"], runtime.adapter.tok.sot)
+    tr = Transcriber(engine, runtime.adapter, None)
+    for options, param in ((TranscriptionOptions(previous_text="Glossary: fox."), "prompt"),
+                           (TranscriptionOptions(hotwords="fox"), "prompt"),
+                           (TranscriptionOptions(condition_on_previous_text=True), "prompt"),
+                           (TranscriptionOptions(word_timestamps=True), "timestamp_granularities"),
+                           (TranscriptionOptions(beam_size=4), "beam_size")):
+        problem = tr.refusal(options)
+        assert isinstance(problem, UnsupportedDecode) and problem.param == param, (options, problem)
+    assert tr.refusal(TranscriptionOptions(language="de", timestamps=True, task="translate")) is None
+
+
+def test_the_standin_checks_requests_field_by_field(standins):
+    a, _ = standins
+    good = {"rid": "r1", "audio_data": "data:audio/wav;base64," + base64.b64encode(wav_bytes(np.zeros(1600, np.float32))).decode(),
+            "sampling_params": {"_detect_language": True, "max_new_tokens": 2}, "stream": False}
+    assert httpx.post(a.url + "/generate", json=good, timeout=60).status_code == 200
+    for change in ({"sampling_params": {"_detect_language": True, "max_tokens": 2}},  # not a SamplingParams field
+                   {"sampling_params": {"temperature": -1}},
+                   {"sampling_params": {"regex": ".*", "structural_tag": "{}"}},
+                   {"audio": "x"},  # not a GenerateReqInput field
+                   {"audio_data": "aGVsbG8="},  # not a data URL
+                   {"stream": "yes"}):
+        r = httpx.post(a.url + "/generate", json={**good, **change}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["message"], (change, r.text)
+
+
+# ---- a live front: asr-service serve --engine sglang ----
+
+@pytest.fixture(scope="module")
+def front(standins):
+    a, b = standins
+    proc = ServerProcess("--engine", "sglang", "--sglang-url", a.url, b.url, "--served-model-name", "whisper-1")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_front_warms_every_backend_and_reports_them(front, standins):
+    health = httpx.get(front.url + "/health").json()
+    assert health["status"] == "ok" and health["engine"] == "sglang"
+    assert [b["url"] for b in health["backends"]] == [s.url for s in standins]
+    assert all(b["state"] == "up" and b["completed"] >= 8 for b in health["backends"])  # 8 warm variants each
+    metrics = httpx.get(front.url + "/metrics").text
+    for s in standins:
+        assert f'asr_backend_up{{url="{s.url}"}} 1.0' in metrics
+
+
+def test_front_sdk_fused_detection_and_verbose_json(front):
+    client = openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    with open(clip_path("fr", "bonjour_monde"), "rb") as f:
+        verbose = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                     timestamp_granularities=["segment"])
+    assert verbose.language == "fr" and "bonjour" in verbose.text.lower()
+    assert verbose.segments and verbose.segments[-1].end > verbose.segments[0].start
+    with open(clip_path("en", "hello_world"), "rb") as f:
+        assert client.audio.transcriptions.create(model="whisper-1", file=f).text.strip(" .").lower() == "hello world"
+
+
+def test_front_streams_deltas_and_a_client_that_leaves_aborts_the_decode(front, standins):
+    r = httpx.post(front.url + "/v1/audio/transcriptions", data={"stream": "true"},
+                   files={"file": ("fox.wav", clip_path("en", "quick_brown_fox").read_bytes(), "audio/wav")}, timeout=120)
+    payloads = [json.loads(e) for e in sse_events(r)[:-1]]
+    deltas = [p["delta"] for p in payloads if p["type"] == "transcript.text.delta"]
+    assert len(deltas) > 3 and "".join(deltas) == payloads[-1]["text"]
+    assert "quick brown fox" in payloads[-1]["text"].lower()
+
+    aborted_before = sum(len(s.aborted) for s in standins)
+    audio = np.concatenate([load_clip("en", "quick_brown_fox"), load_clip("en", "counting")] * 2)
+    with httpx.stream("POST", front.url + "/v1/audio/transcriptions", data={"stream": "true"},
+                      files={"file": ("long.wav", wav_bytes(audio), "audio/wav")}, timeout=120) as stream:
+        for line in stream.iter_lines():
+            if "transcript.text.delta" in line:
+                break  # leave after the first delta
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        health = httpx.get(front.url + "/health").json()
+        if sum(len(s.aborted) for s in standins) > aborted_before and health["active_sequences"] == 0:
+            break
+        time.sleep(0.1)
+    assert sum(len(s.aborted) for s in standins) > aborted_before
+    assert health["active_sequences"] == 0 and all(b["outstanding"] == 0 for b in health["backends"]), health
+    assert not any(s.active for s in standins)
+
+
+def test_front_keeps_serving_when_one_backend_fails_mid_request(front, standins):
+    a, b = standins
+    a.faults.drop_before_output = 3
+    files = {"file": ("hello.wav", clip_path("en", "hello_world").read_bytes(), "audio/wav")}
+    for _ in range(3):
+        r = httpx.post(front.url + "/v1/audio/transcriptions", files=files, timeout=120)
+        assert r.status_code == 200 and "world" in r.json()["text"].lower()
+    health = httpx.get(front.url + "/health").json()
+    state = {x["url"]: x for x in health["backends"]}
+    assert health["status"] == "degraded" and state[a.url]["state"] == "down" and state[a.url]["failures"] >= 1
+    assert 'asr_backend_up{url="%s"} 0.0' % a.url in httpx.get(front.url + "/metrics").text
+
+
+def test_front_refuses_what_sglang_cannot_carry_and_reports_dead_backends(front, standins):
+    files = {"file": ("hello.wav", clip_path("en", "hello_world").read_bytes(), "audio/wav")}
+    r = httpx.post(front.url + "/v1/audio/transcriptions", data={"prompt": "Glossary: world."}, files=files, timeout=60)
+    assert_openai_error(r, 400, param="prompt", code="unsupported_by_engine")
+    for s in standins:
+        s.faults.drop_after_tokens = 2
+    r = httpx.post(front.url + "/v1/audio/transcriptions", data={"temperature_fallback": "false"}, files=files,
+                   timeout=60)
+    assert_openai_error(r, 503, code="backend_unavailable")
+    assert r.headers["retry-after"]
