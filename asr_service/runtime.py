@@ -64,7 +64,7 @@ def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_ba
                   quantize: str | None = None, device: str | None = None, engine: str = "embedded",
                   sglang_urls: tuple[str, ...] = ()) -> Runtime:
     device = _check_choices(engine, sglang_urls, device or default_device(), quantize)
-    loaded = load_model(model)
+    loaded = load_model(model, weights=engine == "embedded")
     adapter = WhisperAdapter.from_loaded(loaded)
     if engine == "sglang":
         from .engine.sglang import SGLangEngine

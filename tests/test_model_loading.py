@@ -80,3 +80,9 @@ def test_hf_directory_loads_and_our_model_matches_transformers(tmp_path, runtime
     assert torch.allclose(from_hf_dir, packaged, atol=1e-4)
     assert torch.allclose(packaged, reference, atol=2e-3), float((packaged - reference).abs().max())
     assert packaged.argmax(-1).tolist() == reference.argmax(-1).tolist()
+    # A front for SGLang reads the same directory without its weights: same dims and tokenizer.
+    front = load_model(str(tmp_path), weights=False)
+    assert front.model is None and front.dims == d and front.tokenizer_file.exists()
+    from adapters import WhisperAdapter
+
+    assert WhisperAdapter.from_loaded(front).tok.language_ids == tok.language_ids

@@ -19,7 +19,7 @@ from ..engine.model import Whisper, WhisperDims
 from .ctranslate2_format import read_ctranslate2_variables
 from .ctranslate2_whisper import convert_ctranslate2_whisper
 from .errors import ModelLoadError
-from .hf_whisper import read_hf_whisper
+from .hf_whisper import read_hf_dims, read_hf_whisper
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,16 @@ ACCEPTED = (
 @dataclass
 class LoadedModel:
     name: str
-    model: Whisper
+    model: Whisper | None  # None: loaded without weights (a front whose decoding runs elsewhere)
     tokenizer_file: Path
     # Model-specific decoding facts read from the model's own config files.
     alignment_heads: list[tuple[int, int]] = field(default_factory=list)
     suppress_ids: list[int] = field(default_factory=list)
+    config_dims: WhisperDims | None = None  # the dims when there is no model
 
     @property
     def dims(self) -> WhisperDims:
-        return self.model.dims
+        return self.model.dims if self.model is not None else self.config_dims
 
 
 def _build(dims: WhisperDims, state_dict: dict[str, torch.Tensor]) -> Whisper:
@@ -75,13 +76,17 @@ def _load_ctranslate2(name: str, bin_parts: list[Path], directory: Path) -> Load
     )
 
 
-def _load_hf(directory: Path) -> LoadedModel:
-    dims, sd = read_hf_whisper(directory)
+def _load_hf(directory: Path, weights: bool = True) -> LoadedModel:
+    if weights:
+        dims, sd = read_hf_whisper(directory)
+    else:
+        dims, sd = read_hf_dims(directory), None
     gen_file = directory / "generation_config.json"
     gen = json.loads(gen_file.read_text()) if gen_file.exists() else {}
     return LoadedModel(
         name=directory.name,
-        model=_build(dims, sd),
+        model=_build(dims, sd) if weights else None,
+        config_dims=dims,
         tokenizer_file=_require(directory / "tokenizer.json"),
         alignment_heads=[tuple(h) for h in gen.get("alignment_heads", [])],
         suppress_ids=list(gen.get("suppress_tokens", [])),
@@ -103,15 +108,18 @@ def return_freed_memory() -> None:
         pass
 
 
-def load_model(spec: str = DEFAULT_MODEL) -> LoadedModel:
+def load_model(spec: str = DEFAULT_MODEL, weights: bool = True) -> LoadedModel:
+    """``weights=False``: only what prompts, grammars and parsing need (tokenizer, config), for a
+    front whose decoding runs elsewhere. An HF directory then skips its weights; the packaged
+    model and CTranslate2 directories keep their dims inside model.bin, so they are read whole."""
     start = time.perf_counter()
-    loaded = _load(spec)
+    loaded = _load(spec, weights)
     return_freed_memory()
     log.info("loaded model %s (%s) in %.2fs", loaded.name, loaded.dims, time.perf_counter() - start)
     return loaded
 
 
-def _load(spec: str) -> LoadedModel:
+def _load(spec: str, weights: bool = True) -> LoadedModel:
     if spec in PACKAGED_MODELS:
         meta_pkg, part_pkgs = PACKAGED_MODELS[spec]
         try:
@@ -127,6 +135,6 @@ def _load(spec: str) -> LoadedModel:
         if (path / "model.bin").exists():
             return _load_ctranslate2(path.name, [path / "model.bin"], path)
         if (path / "config.json").exists():
-            return _load_hf(path)
+            return _load_hf(path, weights)
         raise ModelLoadError(f"{path} holds neither model.bin nor config.json; a model is {ACCEPTED}")
     raise ModelLoadError(f"unknown model {spec!r}: not a packaged name and not a directory; a model is {ACCEPTED}")

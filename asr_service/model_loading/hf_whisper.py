@@ -27,7 +27,7 @@ def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("model."): v.float() for k, v in weights.items()}
 
 
-def read_hf_whisper(directory: Path) -> tuple[WhisperDims, dict[str, torch.Tensor]]:
+def read_hf_dims(directory: Path) -> WhisperDims:
     config = json.loads((directory / "config.json").read_text())
     if config.get("model_type") != "whisper":
         raise ModelLoadError(f"{directory}/config.json has model_type {config.get('model_type')!r}, not 'whisper'")
@@ -43,6 +43,11 @@ def read_hf_whisper(directory: Path) -> tuple[WhisperDims, dict[str, torch.Tenso
         n_text_head=config["decoder_attention_heads"],
         n_text_layer=config["decoder_layers"],
     )
+    return dims
+
+
+def read_hf_whisper(directory: Path) -> tuple[WhisperDims, dict[str, torch.Tensor]]:
+    dims = read_hf_dims(directory)
     w = _read_hf_weights(directory)
     try:
         return dims, _map_hf(w, dims)
