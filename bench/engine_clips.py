@@ -1,6 +1,6 @@
 """Engine-level figures on the pytest-audioeval clips, all modes measured in one run.
 
-    python -m bench.engine_clips [--threads N] [--out bench/results/engine-clips-DATE.json]
+    python -m bench.engine_clips [--threads N] [--device cpu|cuda] [--out bench/results/engine-clips-DATE.json]
 
 Per mode (fused detection, fixed language, two-stage detection) it times the 27 clips one at
 a time and all at once (one batch), and reports WER per language family and detection
@@ -80,7 +80,7 @@ async def run_mode(rt, clips, mode: str) -> dict:
 
 
 async def main_async(args) -> dict:
-    rt = build_runtime(threads=args.threads, quantize=args.quantize)
+    rt = build_runtime(threads=args.threads, quantize=args.quantize, device=args.device)
     clips = load_clips()
     # One warm-up pass so no mode pays first-call costs.
     await rt.transcriber.transcribe(clips[0][2], TranscriptionOptions())
@@ -90,6 +90,7 @@ async def main_async(args) -> dict:
     return {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+        "device": str(rt.engine.device),
         "rows": rows,
         "ratios": {
             "fused_vs_fixed_batched_throughput": round(fixed["batched_seconds_per_clip"] / fused["batched_seconds_per_clip"], 3),
@@ -104,6 +105,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--quantize", choices=("int8",))
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when torch sees a GPU")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))
     out = args.out or Path(__file__).parent / "results" / f"engine-clips-{dt.date.today()}.json"

@@ -66,3 +66,28 @@ def _exists(lang: str, name: str) -> bool:
     from bench.clips import clip_path
 
     return clip_path(lang, name).exists()
+
+
+async def test_half_precision_engine_on_the_cpu_gives_the_same_transcripts(runtime):
+    """The dtype half of the CUDA path, where CI can run it: weights, caches and encoder output
+    in float16 (logits taken to float32), the same engine code otherwise."""
+    from adapters import WhisperAdapter
+    from asr_service.engine.batch_engine import BatchEngine
+    from asr_service.model_loading import load_model
+    from asr_service.transcription import Transcriber
+
+    loaded = load_model()
+    loaded.model.to(dtype=torch.float16)
+    engine = BatchEngine(loaded.model, threads=2)
+    try:
+        half = Transcriber(engine, WhisperAdapter.from_loaded(loaded), None)
+        assert engine.dtype == torch.float16
+        for lang, name in (("en", "hello_world"), ("fr", "bonjour_monde")):
+            audio = load_clip(lang, name)
+            options = TranscriptionOptions(timestamps=True, vad_filter=False)
+            got = await half.transcribe(audio, options)
+            expected = await runtime.transcriber.transcribe(audio, options)
+            assert got.language == expected.language == lang and got.text == expected.text
+            assert [s.text for s in got.segments] == [s.text for s in expected.segments]
+    finally:
+        engine.shutdown()
