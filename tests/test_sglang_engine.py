@@ -93,8 +93,12 @@ async def test_known_language_translate_and_timestamps_are_forced_by_the_constra
     body = a.requests[before]
     # SGLang cannot take a prompt, so the prompt's tokens after <|startoftranscript|> are forced
     # as the first generated ones, and stripped again from what the engine reports.
-    assert _tag(body)[:2] == [{"type": "token", "token": tok.language_ids["fr"]},
-                              {"type": "token", "token": tok.translate}]
+    forced_language, forced_task, first_timestamp, text = _tag(body)
+    assert [forced_language, forced_task] == [{"type": "token", "token": tok.language_ids["fr"]},
+                                              {"type": "token", "token": tok.translate}]
+    # Whisper's rule, as a constraint: the text opens with a timestamp of at most 1.00 s.
+    assert [e["token"] for e in first_timestamp["elements"]] == list(range(tok.timestamp_begin, tok.timestamp_begin + 51))
+    assert text["type"] == "any_tokens"
     assert result.task == "translate" and result.language == "fr" and result.text
     assert result.segments and result.segments[0].start == 0.0 and result.segments[-1].end > 0.5
     assert all(t < tok.eot for s in result.segments for t in s.tokens)
@@ -305,3 +309,35 @@ def test_front_refuses_what_sglang_cannot_carry_and_reports_dead_backends(front,
                    timeout=60)
     assert_openai_error(r, 503, code="backend_unavailable")
     assert r.headers["retry-after"]
+
+
+def test_fused_timestamps_constraint_opens_with_an_early_timestamp(runtime):
+    from asr_service.engine.sglang.wire import constraint
+
+    tok = runtime.adapter.tok
+    elements = json.loads(constraint(runtime.transcriber.params_for(TranscriptionOptions(timestamps=True))))["format"]["elements"]
+    languages, task, first_timestamp, text = elements
+    assert len(languages["elements"]) == len(tok.language_ids) and task == {"type": "token", "token": tok.transcribe}
+    assert [e["token"] for e in first_timestamp["elements"]] == list(range(tok.timestamp_begin, tok.timestamp_begin + 51))
+    assert text["type"] == "any_tokens" and tok.timestamp_begin not in text["exclude_tokens"]
+
+
+async def test_front_realtime_session_decodes_through_sglang(front, standins):
+    import websockets
+
+    from tests.test_realtime_api import append
+
+    sent_before = sum(len(s.requests) for s in standins)
+    pcm = (np.clip(load_clip("en", "quick_brown_fox"), -1, 1) * 32767).astype("<i2").tobytes()
+    async with websockets.connect(front.url.replace("http://", "ws://") + "/v1/realtime") as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.update", "model": "whisper-1"}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        for i in range(0, len(pcm), 3200):
+            await ws.send(append(pcm[i : i + 3200]))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        async with asyncio.timeout(60):
+            while (event := json.loads(await ws.recv()))["type"] != "transcription.done":
+                assert event["type"] != "error", event
+    assert event["language"] == "en" and "quick brown fox" in event["text"].lower(), event
+    assert sum(len(s.requests) for s in standins) > sent_before  # decoded by the SGLang stand-ins

@@ -14,8 +14,9 @@ The constraint is a ``structural_tag`` (xgrammar's JSON format; SGLang hands the
 ``GrammarCompiler.compile_structural_tag``): the strictest form SGLang accepts, because it works
 on token ids. ``regex`` is matched on bytes, so the model could spell ``<|fr|>`` with ordinary
 tokens, and special tokens could slip into the text. The suppressed non-speech tokens are folded
-into the text part's ``exclude_tokens``. SGLang does not apply Whisper's other logit rules (no
-blank first token, paired timestamps that never go back); the adapter parses fail-strict.
+into the text part's ``exclude_tokens``, and with timestamps the text must open with a timestamp
+of at most 1 s, as Whisper's rules say. SGLang applies no logit rules, so the others are missing
+(no blank first token; paired timestamps that never go back); the adapter parses fail-strict.
 
 SGLang 0.5.22 and later refuse ``_detect_language`` on ``/generate``: a JSON contract check
 (``sglang/api/v1``) rejects unknown ``sampling_params`` keys with HTTP 400 "unknown field".
@@ -98,8 +99,25 @@ def constraint(params: DecodeParams) -> str:
         text = dict(elements[-1])
         text["exclude_tokens"] = sorted(set(text.get("exclude_tokens", [])) | set(params.suppress_ids))
         elements[-1] = text
+    if params.timestamp_begin is not None and params.max_initial_timestamp_index is not None:
+        # Whisper's first timestamp rule as a constraint (SGLang applies no logit rules): the text
+        # opens with a timestamp no later than max_initial. The fused grammar allows any
+        # timestamp there; a known-language prompt has none yet.
+        first = params.timestamp_begin
+        initial = {"type": "or", "elements": [{"type": "token", "token": t}
+                                              for t in range(first, first + params.max_initial_timestamp_index + 1)]}
+        if len(elements) >= 2 and _only_tokens_from(elements[-2], first):
+            elements[-2] = initial
+        elif len(elements) == 1:
+            elements.insert(0, initial)
     return json.dumps({"type": "structural_tag", "format": {"type": "sequence", "elements": forced + elements}},
                       separators=(",", ":"))
+
+
+def _only_tokens_from(element: dict, first: int) -> bool:
+    """An ``or`` of ``token`` elements, every one at or after ``first`` (the timestamp choice)."""
+    options = element.get("elements", []) if element.get("type") == "or" else []
+    return bool(options) and all(e.get("type") == "token" and e["token"] >= first for e in options)
 
 
 def generate_body(rid: str, samples: np.ndarray, params: DecodeParams) -> dict:
