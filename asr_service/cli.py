@@ -34,6 +34,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sglang-url", nargs="+", default=[], metavar="URL",
                    help="SGLang servers (or one SGLang router) for --engine sglang; work goes to the one with the "
                         "least outstanding decodes")
+    p.add_argument("--sglang-retry-after", type=float, default=2.0, metavar="SECONDS",
+                   help="how long a failed SGLang server is left out (doubling on each failure in a row, up to 60 s)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -103,6 +105,7 @@ def _serve(args) -> int:
         model=args.model, served_model_name=args.served_model_name, threads=args.threads,
         max_batch_size=args.max_batch_size, detection=args.detection_mode, quantize=args.quantize,
         device=args.device, engine=args.engine, sglang_urls=tuple(args.sglang_url),
+        sglang_retry_after_s=args.sglang_retry_after,
         limits=AudioLimits(args.max_bytes, args.max_seconds),
         realtime=RealtimeLimits(max_sessions=args.max_realtime_sessions, idle_timeout_s=args.realtime_idle_timeout,
                                 max_buffer_seconds=args.realtime_max_buffer_seconds),
@@ -242,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         runtime = build_runtime(args.model, threads=args.threads, quantize=args.quantize, device=args.device,
-                                engine=args.engine, sglang_urls=tuple(args.sglang_url))
+                                engine=args.engine, sglang_urls=tuple(args.sglang_url),
+                                sglang_retry_after_s=args.sglang_retry_after)
     except (ModelLoadError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

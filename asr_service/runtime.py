@@ -62,14 +62,14 @@ def _check_choices(engine: str, sglang_urls, device: str, quantize: str | None) 
 
 def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_batch_size: int = 16,
                   quantize: str | None = None, device: str | None = None, engine: str = "embedded",
-                  sglang_urls: tuple[str, ...] = ()) -> Runtime:
+                  sglang_urls: tuple[str, ...] = (), sglang_retry_after_s: float = 2.0) -> Runtime:
     device = _check_choices(engine, sglang_urls, device or default_device(), quantize)
     loaded = load_model(model, weights=engine == "embedded")
     adapter = WhisperAdapter.from_loaded(loaded)
     if engine == "sglang":
         from .engine.sglang import SGLangEngine
 
-        remote = SGLangEngine(list(sglang_urls), decoder_start_id=adapter.tok.sot)
+        remote = SGLangEngine(list(sglang_urls), decoder_start_id=adapter.tok.sot, retry_after_s=sglang_retry_after_s)
         return Runtime(loaded, adapter, remote, Transcriber(remote, adapter, SpeechGate()))
     encoder_dtype = None
     if device == "cuda":

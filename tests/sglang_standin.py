@@ -35,6 +35,8 @@ tokens with this project's own BatchEngine, so what comes back is real Whisper o
   background abort task).
 - ``contract=True`` answers like SGLang 0.5.22 and later, whose JSON contract refuses unknown
   ``sampling_params`` keys with HTTP 400 ``{"error": "unknown field `key`, expected one of ..."}``.
+- Identical audio maps to one array, so the engine's encoder cache serves repeats (SGLang has a
+  multimodal cache of its own).
 - Faults for tests: drop the connection before any token, or after N tokens.
 """
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import json
 import math
@@ -114,6 +117,7 @@ class SGLangStandIn:
         self.aborted: list[str] = []  # rids named by /abort_request
         self.disconnected: list[str] = []  # rids whose client left before the end
         self.active: dict[str, object] = {}  # rid -> the engine's SequenceStream
+        self._audio_cache: dict[str, np.ndarray] = {}
         info = xgr.TokenizerInfo(tok.encoded_vocab(), xgr.VocabType.BYTE_LEVEL, vocab_size=tok.vocab_size,
                                  stop_token_ids=[tok.eot], add_prefix_space=False)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
@@ -153,7 +157,7 @@ class SGLangStandIn:
         audio_data = _typed(body, "audio_data", str)
         if not audio_data.startswith("data:") or "," not in audio_data:
             raise Refused("audio_data: expected a data URL (data:...;base64,...)")
-        audio = _wav(audio_data)
+        audio = self._audio(audio_data)
         if body.get("text") or body.get("input_ids"):
             raise Refused("text / input_ids would be replaced by the Whisper processor")
         modalities = body.get("modalities")
@@ -176,6 +180,17 @@ class SGLangStandIn:
             top_k=sampling.get("top_k"), top_p=sampling.get("top_p"), seed=sampling.get("sampling_seed"),
             probe_index=len(prompt) - 1, probe_ids=tuple(requested))
         return Job(rid, audio, params, _allowed_first(grammar, self.tok.vocab_size), requested, stream, return_logprob)
+
+    def _audio(self, data_url: str) -> np.ndarray:
+        """The same audio gets the same array, so the engine's encoder cache serves repeats (the
+        warm-up sends each variant the same silence), as SGLang's multimodal cache reuses the
+        encoder output of identical audio."""
+        key = hashlib.sha1(data_url.encode()).hexdigest()
+        if key not in self._audio_cache:
+            self._audio_cache[key] = _wav(data_url)
+            while len(self._audio_cache) > 8:
+                self._audio_cache.pop(next(iter(self._audio_cache)))
+        return self._audio_cache[key]
 
     def _whisper_prompt(self, sampling: dict) -> list[int]:
         """What WhisperProcessor.process_mm_data_async does with sampling_params."""

@@ -231,7 +231,9 @@ def test_the_standin_checks_requests_field_by_field(standins):
 @pytest.fixture(scope="module")
 def front(standins):
     a, b = standins
-    proc = ServerProcess("--engine", "sglang", "--sglang-url", a.url, b.url, "--served-model-name", "whisper-1")
+    # A failed server stays out 30 s, so what /health says right after a failure is certain.
+    proc = ServerProcess("--engine", "sglang", "--sglang-url", a.url, b.url, "--served-model-name", "whisper-1",
+                         "--sglang-retry-after", "30")
     try:
         proc.wait_ready()
         yield proc
@@ -286,16 +288,40 @@ def test_front_streams_deltas_and_a_client_that_leaves_aborts_the_decode(front, 
     assert not any(s.active for s in standins)
 
 
+async def test_front_realtime_session_decodes_through_sglang(front, standins):
+    import websockets
+
+    from tests.test_realtime_api import append
+
+    sent_before = sum(len(s.requests) for s in standins)
+    pcm = (np.clip(load_clip("en", "quick_brown_fox"), -1, 1) * 32767).astype("<i2").tobytes()
+    async with websockets.connect(front.url.replace("http://", "ws://") + "/v1/realtime") as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.update", "model": "whisper-1"}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        for i in range(0, len(pcm), 3200):
+            await ws.send(append(pcm[i : i + 3200]))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        async with asyncio.timeout(60):
+            while (event := json.loads(await ws.recv()))["type"] != "transcription.done":
+                assert event["type"] != "error", event
+    assert event["language"] == "en" and "quick brown fox" in event["text"].lower(), event
+    assert sum(len(s.requests) for s in standins) > sent_before  # decoded by the SGLang stand-ins
+
+
 def test_front_keeps_serving_when_one_backend_fails_mid_request(front, standins):
     a, b = standins
     a.faults.drop_before_output = 3
+    b_sent = len(b.requests)
     files = {"file": ("hello.wav", clip_path("en", "hello_world").read_bytes(), "audio/wav")}
     for _ in range(3):
         r = httpx.post(front.url + "/v1/audio/transcriptions", files=files, timeout=120)
         assert r.status_code == 200 and "world" in r.json()["text"].lower()
     health = httpx.get(front.url + "/health").json()
     state = {x["url"]: x for x in health["backends"]}
-    assert health["status"] == "degraded" and state[a.url]["state"] == "down" and state[a.url]["failures"] >= 1
+    # A dropped the first request before any token: retried on B; A then stays out (30 s here).
+    assert a.faults.drop_before_output == 2 and len(b.requests) == b_sent + 3
+    assert health["status"] == "degraded" and state[a.url]["state"] == "down" and state[a.url]["failures"] == 1
     assert 'asr_backend_up{url="%s"} 0.0' % a.url in httpx.get(front.url + "/metrics").text
 
 
@@ -321,23 +347,3 @@ def test_fused_timestamps_constraint_opens_with_an_early_timestamp(runtime):
     assert [e["token"] for e in first_timestamp["elements"]] == list(range(tok.timestamp_begin, tok.timestamp_begin + 51))
     assert text["type"] == "any_tokens" and tok.timestamp_begin not in text["exclude_tokens"]
 
-
-async def test_front_realtime_session_decodes_through_sglang(front, standins):
-    import websockets
-
-    from tests.test_realtime_api import append
-
-    sent_before = sum(len(s.requests) for s in standins)
-    pcm = (np.clip(load_clip("en", "quick_brown_fox"), -1, 1) * 32767).astype("<i2").tobytes()
-    async with websockets.connect(front.url.replace("http://", "ws://") + "/v1/realtime") as ws:
-        assert json.loads(await ws.recv())["type"] == "session.created"
-        await ws.send(json.dumps({"type": "session.update", "model": "whisper-1"}))
-        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-        for i in range(0, len(pcm), 3200):
-            await ws.send(append(pcm[i : i + 3200]))
-        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
-        async with asyncio.timeout(60):
-            while (event := json.loads(await ws.recv()))["type"] != "transcription.done":
-                assert event["type"] != "error", event
-    assert event["language"] == "en" and "quick brown fox" in event["text"].lower(), event
-    assert sum(len(s.requests) for s in standins) > sent_before  # decoded by the SGLang stand-ins

@@ -50,6 +50,7 @@ class ServerSettings:
     device: str | None = None  # None: cuda when torch sees a GPU, else cpu
     engine: str = "embedded"  # or "sglang": decodes go to sglang_urls
     sglang_urls: tuple[str, ...] = ()
+    sglang_retry_after_s: float = 2.0  # a failed SGLang server is left out this long (doubling)
     limits: AudioLimits = field(default_factory=AudioLimits)
     realtime: RealtimeLimits = field(default_factory=RealtimeLimits)
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
@@ -82,7 +83,8 @@ class ServerState:
         try:
             s = self.settings
             self.runtime = await asyncio.to_thread(
-                build_runtime, s.model, s.threads, s.max_batch_size, s.quantize, s.device, s.engine, s.sglang_urls)
+                build_runtime, s.model, s.threads, s.max_batch_size, s.quantize, s.device, s.engine, s.sglang_urls,
+                s.sglang_retry_after_s)
             self.warmup = await run_warmup(self.runtime.adapter, self.runtime.engine)
         except Exception as e:  # the server stays up and says why it is not ready
             log.exception("start-up failed")
