@@ -334,9 +334,10 @@ class SGLangStandIn:
     def _output(self, job: Job, ids, rows, position_rows, finish, final: bool = False) -> dict:
         meta = {"id": job.rid, "finish_reason": finish, "prompt_tokens": len(job.params.prompt_ids),
                 "completion_tokens": len(ids), "cached_tokens": 0}
-        start = 0 if (final or not self.incremental) else len(ids) - 1
-        if self.incremental and final:
-            start = len(ids)  # the finishing event carries no new token
+        if not self.incremental:
+            start = 0  # cumulative: everything so far
+        else:
+            start = len(ids) if final else len(ids) - 1  # the finishing event carries no new token
         if job.return_logprob:
             meta["output_token_logprobs"] = rows[start:]
             if job.requested_ids:

@@ -49,7 +49,6 @@ class SGLangEngine:
         self.tokens_total = 0
         self.submitted_total = 0
         self.cancelled_total = 0
-        self.aborts_sent = 0
         self.retried_total = 0  # sequences sent again after a server failed before any token
 
     @property
@@ -115,10 +114,9 @@ class SGLangEngine:
                     return self._finish(stream, "unavailable", why if not tried else f"every SGLang backend failed: {why}")
                 tried.add(backend.url)
                 body["rid"] = f"asr-{uuid.uuid4().hex}"
-                delivered = [0]  # tokens handed to the caller by this attempt
                 backend.outstanding += 1
                 try:
-                    reason, error = await self._generate(backend, body, params, stream, delivered)
+                    reason, error = await self._generate(backend, body, params, stream)
                 except asyncio.CancelledError:
                     self._abort(backend, body["rid"])
                     self._finish(stream, "cancelled")
@@ -128,11 +126,12 @@ class SGLangEngine:
                 except BackendFailure as e:
                     self.pool.failed(backend, str(e))
                     log.warning("SGLang backend %s failed: %s", backend.url, e)
-                    if delivered[0] == 0:
+                    delivered = len(stream.result.token_ids)  # only a first attempt can have any
+                    if delivered == 0:
                         self.retried_total += 1
                         continue  # nothing reached the caller: send it to another server
                     return self._finish(stream, "unavailable",
-                                        f"SGLang backend {backend.url} failed after {delivered[0]} tokens: {e}")
+                                        f"SGLang backend {backend.url} failed after {delivered} tokens: {e}")
                 finally:
                     backend.outstanding -= 1
                 self.pool.succeeded(backend)
@@ -140,8 +139,8 @@ class SGLangEngine:
         finally:
             self._active -= 1
 
-    async def _generate(self, backend: Backend, body: dict, params: DecodeParams, stream: SequenceStream,
-                        delivered: list[int]) -> tuple[str, str | None]:
+    async def _generate(self, backend: Backend, body: dict, params: DecodeParams,
+                        stream: SequenceStream) -> tuple[str, str | None]:
         forced = list(params.prompt_ids[1:])
         state = wire.StreamState()
         result = stream.result
@@ -172,7 +171,6 @@ class SGLangEngine:
                             result.probe_probs = _probabilities(state.first_position_logprobs)
                         result.token_ids.append(token)
                         result.logprobs.append(state.logprobs[position])
-                        delivered[0] += 1
                         self.tokens_total += 1
                         stream._emit(StepEvent(token, state.logprobs[position]))
                     if state.finish is not None:
@@ -196,8 +194,6 @@ class SGLangEngine:
 
     def _abort(self, backend: Backend, rid: str) -> None:
         """Tell the server to drop ``rid`` now (closing the stream also does, later)."""
-        self.aborts_sent += 1
-
         async def send():
             try:
                 await self._http().post(f"{backend.url}/abort_request", json={"rid": rid}, timeout=ABORT_TIMEOUT_S)
