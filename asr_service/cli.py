@@ -26,12 +26,18 @@ QUANTIZE_HELP = ("int8: dynamic int8 linear layers (fastest on CPU); bf16: encod
                  "(for CPUs with AVX512-BF16 or AMX). Both change some transcripts; default: fp32")
 
 
+def _http_url(text: str) -> str:
+    if not text.startswith(("http://", "https://")) or len(text) <= len("https://"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL (e.g. http://gpu1:30000)")
+    return text
+
+
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=DEVICES, help="where the embedded engine runs (default: cuda when "
                                                      "torch sees a GPU, else cpu); float16 on cuda")
     p.add_argument("--engine", choices=ENGINES, default="embedded",
                    help="embedded: decode in this process; sglang: send every decode to SGLang servers")
-    p.add_argument("--sglang-url", nargs="+", default=[], metavar="URL",
+    p.add_argument("--sglang-url", nargs="+", default=[], metavar="URL", type=_http_url,
                    help="SGLang servers (or one SGLang router) for --engine sglang; work goes to the one with the "
                         "least outstanding decodes")
     p.add_argument("--sglang-retry-after", type=float, default=2.0, metavar="SECONDS",

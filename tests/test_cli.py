@@ -104,3 +104,12 @@ def test_batch_refuses_two_inputs_with_one_output_name(tmp_path):
     done = subprocess.run([CLI, "transcribe", str(tmp_path / "a/x.wav"), str(tmp_path / "b/x.wav"), "--output-dir",
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "would both be written to" in done.stderr
+
+
+def test_engine_flags_refuse_bad_values_before_any_work():
+    done = subprocess.run([CLI, "serve", "--engine", "sglang", "--sglang-url", "gpu1:30000"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "is not an http:// or https:// URL" in done.stderr
+    done = subprocess.run([CLI, "transcribe", str(clip_path("es", "conteo")), "--engine", "sglang"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "needs at least one --sglang-url" in done.stderr
