@@ -31,12 +31,11 @@ class WhisperAdapter(TranscriptionAdapter):
                  alignment_heads: tuple[tuple[int, int], ...] = ()):
         self.tok = tokenizer
         self.alignment_heads = tuple(alignment_heads)
-        self.grammars = WhisperGrammars(tokenizer)
+        # Non-speech symbols the model was trained to avoid (the grammar keeps them out of text).
+        self.grammars = WhisperGrammars(tokenizer, tuple(sorted(i for i in suppress_ids if 0 <= i < tokenizer.eot)))
         self.n_text_ctx = n_text_ctx
         self.supported_languages = tuple(tokenizer.language_ids)
         self.config = SpeechToTextConfig(no_space_languages=NO_SPACE_LANGUAGES & set(self.supported_languages))
-        # Non-speech symbols the model was trained to avoid; special ids are the grammar's job.
-        self._suppress = tuple(sorted(i for i in suppress_ids if 0 <= i < tokenizer.eot))
         self._blank = tuple(tokenizer.encode(" ")) + (tokenizer.eot,)
         no_speech = (tokenizer.no_speech,) if tokenizer.no_speech is not None else ()
         self._probe_ids = tuple(tokenizer.language_ids.values()) + no_speech
@@ -64,11 +63,8 @@ class WhisperAdapter(TranscriptionAdapter):
         return DecodeParams(
             prompt_ids=tuple(prompt),
             eot_id=tok.eot,
-            grammar=self.grammars.get(key),
-            regex=self.grammars.regex(key),
-            structural_tag=self.grammars.structural_tag_text(key),
+            constraint=self.grammars.get(key),
             text_start_after_ids=frozenset(start_after),
-            suppress_ids=self._suppress,
             blank_ids=self._blank,
             timestamp_begin=tok.timestamp_begin if key.timestamps else None,
             probe_index=probe_index,

@@ -4,13 +4,17 @@ A byte-level regex such as ``<\\|(en|fr)\\|>...`` lets the model spell the prefi
 ordinary tokens ``<``, ``|``, ``fr``... and lets special tokens slip into the text. A structural
 tag made of ``token`` elements (matched by id) and ``any_tokens`` with ``exclude_tokens``
 works on token ids instead: at the first step only the language ids are legal.
+
+The constraint is also where every Whisper rule that a constraint can say lives, so the
+embedded engine and remote engines (SGLang, which applies no logit rules) get it from this one
+source: the non-speech symbols the model was trained to avoid never appear in text, and with
+timestamps the text opens with a timestamp of at most 1 s. The rules that depend on the
+probabilities or on pairs of timestamps are logit rules (``asr_service.engine.logits``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import threading
 import time
 from collections import Counter
@@ -18,9 +22,14 @@ from dataclasses import dataclass
 
 import xgrammar as xgr
 
+from asr_service.engine.params import Constraint
+
 from .whisper_tokenizer import WhisperTokenizer
 
 log = logging.getLogger(__name__)
+
+# Whisper's rule: the first timestamp of a window is at most 1.00 s (50 steps of 0.02 s).
+MAX_INITIAL_TIMESTAMP_INDEX = 50
 
 
 @dataclass(frozen=True)
@@ -35,8 +44,9 @@ class GrammarKey:
 
 
 class WhisperGrammars:
-    def __init__(self, tokenizer: WhisperTokenizer):
+    def __init__(self, tokenizer: WhisperTokenizer, suppress_ids: tuple[int, ...] = ()):
         self.tok = tokenizer
+        self.suppress_ids = tuple(suppress_ids)
         info = xgr.TokenizerInfo(
             tokenizer.encoded_vocab(),
             xgr.VocabType.BYTE_LEVEL,
@@ -45,9 +55,7 @@ class WhisperGrammars:
             add_prefix_space=False,
         )
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-        self._cache: dict[GrammarKey, xgr.CompiledGrammar] = {}
-        self._regexes: dict[GrammarKey, str] = {}
-        self._tag_texts: dict[GrammarKey, str] = {}
+        self._cache: dict[GrammarKey, Constraint] = {}
         self._lock = threading.Lock()
         self.compile_counts: Counter[GrammarKey] = Counter()
 
@@ -56,55 +64,38 @@ class WhisperGrammars:
             languages = tuple(sorted(set(languages), key=self.tok.language_ids.__getitem__))
         return GrammarKey(task, timestamps, languages or ())
 
-    def get(self, key: GrammarKey) -> xgr.CompiledGrammar:
+    def get(self, key: GrammarKey) -> Constraint:
+        """The constraint for ``key``, compiled once (keys are few and deterministic)."""
         with self._lock:
-            compiled = self._cache.get(key)
-            if compiled is None:
+            constraint = self._cache.get(key)
+            if constraint is None:
                 start = time.perf_counter()
-                compiled = self._compiler.compile_structural_tag(self.structural_tag(key))
-                self._cache[key] = compiled
+                elements = self.elements(key)
+                tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": list(elements)}}
+                constraint = Constraint(elements, self._compiler.compile_structural_tag(tag))
+                self._cache[key] = constraint
                 self.compile_counts[key] += 1
                 log.debug("compiled grammar %s in %.1f ms", key, 1e3 * (time.perf_counter() - start))
-            return compiled
+            return constraint
 
-    def structural_tag(self, key: GrammarKey) -> dict:
+    def elements(self, key: GrammarKey) -> tuple[dict, ...]:
         tok = self.tok
-        timestamp_ids = range(tok.timestamp_begin, tok.vocab_size)
         # Text may hold ordinary tokens and end-of-text; timestamps only in that variant.
-        excluded = sorted(tok.special_ids - {tok.eot})
+        excluded = set(tok.special_ids - {tok.eot}) | set(self.suppress_ids)
         if not key.timestamps:
-            excluded += list(timestamp_ids)
+            excluded |= set(range(tok.timestamp_begin, tok.vocab_size))
         elements: list[dict] = []
         if key.languages:
             task_id = tok.transcribe if key.task == "transcribe" else tok.translate
             elements.append(_one_of([tok.language_ids[c] for c in key.languages]))
             elements.append({"type": "token", "token": task_id})
-            if key.timestamps:
-                elements.append(_one_of(list(timestamp_ids)))
-            else:
+            if not key.timestamps:
                 elements.append({"type": "token", "token": tok.no_timestamps})
-        elements.append({"type": "any_tokens", "exclude_tokens": excluded})
-        return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
-
-    def structural_tag_text(self, key: GrammarKey) -> str:
-        """The structural tag as JSON text, for engines that compile it themselves (SGLang)."""
-        if key not in self._tag_texts:
-            self._tag_texts[key] = json.dumps(self.structural_tag(key), separators=(",", ":"))
-        return self._tag_texts[key]
-
-    def regex(self, key: GrammarKey) -> str:
-        """The same constraint as a byte-level regex (looser: see the module docstring)."""
-        if key not in self._regexes:  # keys are few and deterministic: build each once
-            self._regexes[key] = self._render_regex(key)
-        return self._regexes[key]
-
-    @staticmethod
-    def _render_regex(key: GrammarKey) -> str:
-        if not key.languages:
-            return r"[\s\S]*"
-        langs = "|".join(re.escape(c) for c in key.languages)
-        mode = r"<\|\d+\.\d\d\|>" if key.timestamps else re.escape("<|notimestamps|>")
-        return rf"<\|(?:{langs})\|>{re.escape(f'<|{key.task}|>')}{mode}[\s\S]*"
+        if key.timestamps:  # the text opens with its first timestamp
+            first = tok.timestamp_begin
+            elements.append(_one_of(list(range(first, first + MAX_INITIAL_TIMESTAMP_INDEX + 1))))
+        elements.append({"type": "any_tokens", "exclude_tokens": sorted(excluded)})
+        return tuple(elements)
 
 
 def _one_of(ids: list[int]) -> dict:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
-SAMPLE_RATE = 16000
+from .pcm import SAMPLE_RATE
+
 DEFAULT_MAX_BYTES = 25 * 1024 * 1024
 DEFAULT_MAX_SECONDS = 3 * 3600.0
 

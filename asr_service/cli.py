@@ -10,16 +10,14 @@ import os
 import sys
 from pathlib import Path
 
-from adapters.base import UnsupportedLanguageError
-
 from .audio import AudioError, AudioLimits, decode_audio
-from .formats import RESPONSE_FORMATS, TIMED_FORMATS, render
+from .formats import RESPONSE_FORMATS, render
+from .model_loading import DEFAULT_MODEL, ModelLoadError
 from .realtime.session import RealtimeLimits
+from .request_options import OPTIONS, OptionError, build_options
+from .runtime import DEVICES, ENGINES, QUANTIZATIONS, RuntimeSettings
 from .server.admission import AdmissionLimits
 from .server.auth import ENV_VAR, keys_from
-from .model_loading import DEFAULT_MODEL, ModelLoadError
-from .runtime import DEVICES, ENGINES, QUANTIZATIONS
-from .transcription import TranscriptionOptions
 
 
 QUANTIZE_HELP = ("int8: dynamic int8 linear layers (fastest on CPU); bf16: encoder matrix products in bfloat16 "
@@ -32,7 +30,51 @@ def _http_url(text: str) -> str:
     return text
 
 
+def _add_option_args(p: argparse.ArgumentParser) -> None:
+    """The request options, as the HTTP form has them (request_options.OPTIONS), as flags."""
+    for option in OPTIONS:
+        if option.kind is bool:
+            p.add_argument(option.flag, action=argparse.BooleanOptionalAction, help=option.help)
+        elif option.kind is list:
+            p.add_argument(option.flag, nargs="+", type=option.parse, metavar="VALUE", help=option.help)
+        else:
+            p.add_argument(option.flag, type=_checked(option), help=option.help)
+    # Shorthands: --beam-size N is use_beam_search with n beams; --word-timestamps asks for words.
+    p.add_argument("--beam-size", type=_checked(next(o for o in OPTIONS if o.name == "n")),
+                   help="beam search with this many beams (default: greedy)")
+    p.add_argument("--word-timestamps", action="store_true", help="words with start/end times (verbose_json)")
+
+
+def _checked(option):
+    def parse(text: str):
+        try:
+            return option.parse(text)
+        except OptionError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = option.name  # argparse names the option in its message
+    return parse
+
+
+def _option_values(args) -> dict[str, object]:
+    values = {option.name: vars(args)[option.name] for option in OPTIONS}
+    if args.beam_size is not None:
+        values.update(use_beam_search=args.beam_size > 1, n=args.beam_size)
+    if args.word_timestamps:
+        values["timestamp_granularities"] = [*(values["timestamp_granularities"] or []), "word"]
+    return values
+
+
+def _runtime_settings(args) -> RuntimeSettings:
+    return RuntimeSettings(model=args.model, engine=args.engine, device=args.device, quantize=args.quantize,
+                           threads=args.threads, max_batch_size=args.max_batch_size,
+                           sglang_urls=tuple(args.sglang_url), sglang_retry_after_s=args.sglang_retry_after)
+
+
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="packaged model name or model directory")
+    p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    p.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
+    p.add_argument("--quantize", choices=QUANTIZATIONS, help=QUANTIZE_HELP)
     p.add_argument("--device", choices=DEVICES, help="where the embedded engine runs (default: cuda when "
                                                      "torch sees a GPU, else cpu); float16 on cuda")
     p.add_argument("--engine", choices=ENGINES, default="embedded",
@@ -49,20 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("transcribe", help="transcribe (or translate) audio files")
     t.add_argument("files", nargs="+", type=Path)
-    t.add_argument("--language", help="ISO-639-1 code; omit to detect it in the same decode")
     t.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
     t.add_argument("--response-format", choices=RESPONSE_FORMATS, default="json")
-    t.add_argument("--model", default=DEFAULT_MODEL, help="packaged model name or model directory")
-    t.add_argument("--prompt", help="previous-text context for the decode")
-    t.add_argument("--temperature", type=float, default=0.0)
-    t.add_argument("--seed", type=int)
-    t.add_argument("--beam-size", type=int, default=1, help="beam search with this many beams (default: greedy)")
-    t.add_argument("--word-timestamps", action="store_true", help="words with start/end times (verbose_json)")
-    t.add_argument("--no-temperature-fallback", action="store_true", help="never decode a window again hotter")
-    t.add_argument("--no-vad-filter", action="store_true", help="decode windows the speech gate hears no speech in")
-    t.add_argument("--detect-language-per-chunk", action="store_true", help="each 30 s chunk keeps its own language")
-    t.add_argument("--threads", type=int, help="torch threads (default: all cores)")
-    t.add_argument("--quantize", choices=QUANTIZATIONS, help=QUANTIZE_HELP)
+    _add_option_args(t)
     _add_engine_args(t)
     t.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest input file in bytes")
     t.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
@@ -74,11 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--model", default=DEFAULT_MODEL, help="packaged model name or model directory")
     s.add_argument("--served-model-name", help="name listed by /v1/models (default: the --model value)")
-    s.add_argument("--threads", type=int, help="torch threads (default: all cores)")
-    s.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
-    s.add_argument("--quantize", choices=QUANTIZATIONS, help=QUANTIZE_HELP)
     _add_engine_args(s)
     s.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest upload in bytes")
     s.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
@@ -104,14 +131,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args) -> int:
-    from .server.app import ServerSettings
     from .server.runner import serve
+    from .server.state import ServerSettings
 
     settings = ServerSettings(
-        model=args.model, served_model_name=args.served_model_name, threads=args.threads,
-        max_batch_size=args.max_batch_size, detection=args.detection_mode, quantize=args.quantize,
-        device=args.device, engine=args.engine, sglang_urls=tuple(args.sglang_url),
-        sglang_retry_after_s=args.sglang_retry_after,
+        runtime=_runtime_settings(args), served_model_name=args.served_model_name, detection=args.detection_mode,
         limits=AudioLimits(args.max_bytes, args.max_seconds),
         realtime=RealtimeLimits(max_sessions=args.max_realtime_sessions, idle_timeout_s=args.realtime_idle_timeout,
                                 max_buffer_seconds=args.realtime_max_buffer_seconds),
@@ -154,19 +178,10 @@ def write_atomically(path: Path, text: str) -> None:
 
 async def _transcribe_files(args, runtime) -> int:
     limits = AudioLimits(args.max_bytes, args.max_seconds)
-    options = TranscriptionOptions(
-        task=args.task,
-        language=runtime.adapter.validate_language(args.language),
-        timestamps=args.response_format in TIMED_FORMATS,
-        previous_text=args.prompt,
-        temperature=args.temperature,
-        seed=args.seed,
-        beam_size=args.beam_size,
-        word_timestamps=args.word_timestamps,
-        fallback_temperatures=() if args.no_temperature_fallback else TranscriptionOptions.fallback_temperatures,
-        vad_filter=not args.no_vad_filter,
-        detect_language_per_chunk=args.detect_language_per_chunk,
-    )
+    options = build_options(_option_values(args), runtime.adapter, args.task, args.response_format)
+    refusal = runtime.transcriber.refusal(options)
+    if refusal is not None:
+        raise OptionError(refusal.param or "engine", f"not supported by this engine: {refusal}")
     outputs = _output_paths(args)
     todo = list(range(len(args.files)))
     if outputs is not None:
@@ -203,7 +218,7 @@ async def _transcribe_files(args, runtime) -> int:
         if isinstance(result, Exception):
             status = 1
             if json_lines and outputs is None:
-                print(_error_line(f"{path}: {result}", getattr(result, "code", "file_not_readable")))
+                print(_error_line(f"{path}: {result}", result.code if isinstance(result, AudioError) else "file_not_readable"))
             else:
                 print(f"error: {path}: {result}", file=sys.stderr)
         elif outputs is not None:
@@ -250,16 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime import build_runtime  # heavy imports only once arguments are valid
 
     try:
-        runtime = build_runtime(args.model, threads=args.threads, quantize=args.quantize, device=args.device,
-                                engine=args.engine, sglang_urls=tuple(args.sglang_url),
-                                sglang_retry_after_s=args.sglang_retry_after)
+        runtime = build_runtime(_runtime_settings(args))
     except (ModelLoadError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         return asyncio.run(_transcribe_files(args, runtime))
-    except UnsupportedLanguageError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except OptionError as e:
+        print(f"error: {e.param}: {e}", file=sys.stderr)
         return 2
     finally:
         runtime.close()

@@ -65,10 +65,9 @@ def pick_best(attempts: list[DecodeFigures], t: QualityThresholds) -> int:
     """Index of the decode to keep: the first that passes; if none does, the most likely one
     among those that are not loops (faster-whisper's choice), else the most likely of all.
 
-    Measured trade-off: speech that really repeats a sentence compresses like a loop, and then a
-    worse sampled decode is kept. Preferring decodes the model ended by itself fixed that on the
-    bench's repetitive long file, but kept int8's timestamp-mode loops (they end at 30 s), so
-    loops win: this is faster-whisper's rule."""
+    The trade-off: speech that really repeats a sentence compresses like a loop, and then a
+    worse sampled decode is kept. Preferring decodes the model ended by itself would keep
+    timestamp-mode loops that run to the window's end, so loops lose: faster-whisper's rule."""
     for i, f in enumerate(attempts):
         if not needs_fallback(f, t):
             return i

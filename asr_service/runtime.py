@@ -15,6 +15,7 @@ import torch
 from adapters import WhisperAdapter
 
 from .engine.batch_engine import BatchEngine
+from .engine.interface import Engine
 from .model_loading import DEFAULT_MODEL, LoadedModel, load_model, return_freed_memory
 from .speech_gate import SpeechGate
 from .transcription import Transcriber
@@ -27,11 +28,25 @@ ENGINES = ("embedded", "sglang")
 DEVICES = ("cpu", "cuda")
 
 
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Which model, and which engine decodes it where."""
+
+    model: str = DEFAULT_MODEL
+    engine: str = "embedded"  # or "sglang": decodes go to sglang_urls
+    device: str | None = None  # None: cuda when torch sees a GPU, else cpu
+    quantize: str | None = None  # see QUANTIZATIONS
+    threads: int | None = None  # torch threads (None: all cores)
+    max_batch_size: int = 16  # sequences the embedded engine decodes together
+    sglang_urls: tuple[str, ...] = ()
+    sglang_retry_after_s: float = 2.0  # a failed SGLang server is left out this long (doubling)
+
+
 @dataclass
 class Runtime:
     loaded: LoadedModel
     adapter: WhisperAdapter
-    engine: object  # BatchEngine or SGLangEngine
+    engine: Engine
     transcriber: Transcriber
 
     def close(self) -> None:
@@ -60,16 +75,17 @@ def _check_choices(engine: str, sglang_urls, device: str, quantize: str | None) 
     return device
 
 
-def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_batch_size: int = 16,
-                  quantize: str | None = None, device: str | None = None, engine: str = "embedded",
-                  sglang_urls: tuple[str, ...] = (), sglang_retry_after_s: float = 2.0) -> Runtime:
-    device = _check_choices(engine, sglang_urls, device or default_device(), quantize)
-    loaded = load_model(model, weights=engine == "embedded")
+def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
+    s = settings
+    device = _check_choices(s.engine, s.sglang_urls, s.device or default_device(), s.quantize)
+    quantize = s.quantize
+    loaded = load_model(s.model, weights=s.engine == "embedded")
     adapter = WhisperAdapter.from_loaded(loaded)
-    if engine == "sglang":
+    if s.engine == "sglang":
         from .engine.sglang import SGLangEngine
 
-        remote = SGLangEngine(list(sglang_urls), decoder_start_id=adapter.tok.sot, retry_after_s=sglang_retry_after_s)
+        remote = SGLangEngine(list(s.sglang_urls), decoder_start_id=adapter.tok.sot,
+                              retry_after_s=s.sglang_retry_after_s)
         return Runtime(loaded, adapter, remote, Transcriber(remote, adapter, SpeechGate()))
     encoder_dtype = None
     if device == "cuda":
@@ -84,6 +100,6 @@ def build_runtime(model: str = DEFAULT_MODEL, threads: int | None = None, max_ba
         quantize_int8(loaded.model)
         return_freed_memory()  # the float weights that quantization replaced
     # Threads: all cores by default; more processes or threads than cores only add contention.
-    batch = BatchEngine(loaded.model, max_batch_size=max_batch_size, threads=threads or os.cpu_count(),
+    batch = BatchEngine(loaded.model, max_batch_size=s.max_batch_size, threads=s.threads or os.cpu_count(),
                         encoder_dtype=encoder_dtype)
     return Runtime(loaded, adapter, batch, Transcriber(batch, adapter, SpeechGate()))

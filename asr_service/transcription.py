@@ -1,23 +1,34 @@
 """The request pipeline: audio -> chunks -> adapter prompts -> engine -> adapter parsing -> result.
 
-Chunks of one request are submitted together, so they decode concurrently in the engine's
-batch; results are put back in order with their true time offsets.
+One path for every caller. ``Transcriber.run`` yields events in chunk order: with
+``streamed=True`` the text of each chunk's decode as it grows (once its forced prefix has
+parsed), then each chunk's outcome, then the assembled result. ``transcribe`` drains it for the
+result; the streaming renderer (streaming.py) turns the events into deltas. Chunks of one
+request are submitted together, so they decode concurrently in the engine's batch (one after
+another when each is conditioned on the text before it); results keep their true time offsets.
+
+What a streamed run leaves out, because text already shown cannot be taken back: temperature
+fallback and the re-decode of chunks whose language is an outlier.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from contextlib import aclosing
+from typing import AsyncIterator, Callable
 
 import numpy as np
 
 from adapters.base import ParsedOutput, TranscriptionAdapter
 
+from . import two_stage
 from .chunking import AudioChunk, split_audio
-from .engine.batch_engine import BatchEngine
-from .engine.params import DecodeParams, SequenceResult, raise_if_failed
-from .fallback import DecodeFigures, QualityThresholds, compression_ratio, is_silent, needs_fallback, pick_best
+from .engine.features import HOP_LENGTH
+from .engine.interface import Engine
+from .engine.params import DecodeParams, SequenceResult, UnsupportedDecode, raise_if_failed
+from .fallback import (DecodeFigures, QualityThresholds, compression_ratio, is_silent, may_be_silent, needs_fallback,
+                       pick_best)
 from .language_vote import is_outlier, vote
 from .speech_gate import SpeechGate
 from .word_timing import FRAMES_PER_SECOND, Word, word_times
@@ -35,8 +46,7 @@ class TranscriptionOptions:
     top_p: float | None = None
     seed: int | None = None
     max_new_tokens: int | None = None
-    # "fused" (one decode per chunk) or "two-stage" (a detection decode, then the
-    # transcription: a baseline for bench/, never the default).
+    # "fused" (one decode per chunk) or "two-stage" (the baseline of two_stage.py).
     detection: str = "fused"
     # At temperature 0, a chunk that fails the thresholds is decoded again at these.
     fallback_temperatures: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
@@ -99,23 +109,95 @@ class ChunkOutcome:
     figures: DecodeFigures
 
 
+# ---- what a run yields ----
+
+@dataclass(frozen=True)
+class ChunkText:
+    """A streamed run: the text of chunk ``index``'s decode so far (not stripped), once its
+    forced prefix has parsed. A window that may hold no speech reports none (see ChunkDone)."""
+
+    index: int
+    text: str
+    joiner: str  # what joins this chunk's text to the text before it
+
+
+@dataclass(frozen=True)
+class ChunkDone:
+    """Chunk ``index``'s decode is done: its kept text ("" when it holds no speech). A full
+    response may still re-decode a chunk whose language is an outlier before Finished."""
+
+    index: int
+    text: str
+    joiner: str
+    failure: str | None  # why the decode's forced prefix did not parse (then ``text`` is "")
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: TranscriptionResult
+
+
+PipelineEvent = ChunkText | ChunkDone | Finished
+
+
+@dataclass
+class _ChunkJob:
+    task: asyncio.Future  # -> ChunkOutcome
+    texts: asyncio.Queue | None  # ChunkText items, then None (streamed runs only)
+
+
 class Transcriber:
-    def __init__(self, engine: BatchEngine, adapter: TranscriptionAdapter, gate: SpeechGate | None = None):
+    def __init__(self, engine: Engine, adapter: TranscriptionAdapter, gate: SpeechGate | None = None):
         self.engine = engine
         self.adapter = adapter
         self.gate = gate
 
-    async def hears_speech(self, chunk: AudioChunk, options: TranscriptionOptions) -> bool:
-        if self.gate is None or not options.vad_filter:
-            return True
-        return await asyncio.to_thread(self.gate.has_speech, chunk.samples)  # CPU work: off the event loop
+    # ---- the two ways in ----
+    async def transcribe(self, audio: np.ndarray, options: TranscriptionOptions = TranscriptionOptions(),
+                         on_chunk_done: Callable[[AudioChunk], None] | None = None) -> TranscriptionResult:
+        async with aclosing(self.run(audio, options, on_chunk_done=on_chunk_done)) as events:
+            async for event in events:
+                if isinstance(event, Finished):
+                    return event.result
+        raise RuntimeError("the pipeline ended without a result")
 
-    @staticmethod
-    def no_speech_outcome(chunk: AudioChunk) -> ChunkOutcome:
-        figures = DecodeFigures(temperature=0.0, avg_logprob=0.0, compression_ratio=0.0, no_speech_prob=None,
-                                parsed=True, speech_found=False)
-        return ChunkOutcome(chunk, None, SequenceResult(finish_reason="no_speech"), {}, ParsedOutput(None, ""), figures)
+    async def run(self, audio: np.ndarray, options: TranscriptionOptions, streamed: bool = False,
+                  on_chunk_done: Callable[[AudioChunk], None] | None = None) -> AsyncIterator[PipelineEvent]:
+        """The events of one request, in chunk order (see the module docstring). Closing the
+        generator early cancels every decode still running."""
+        chunks = self.chunks(audio)
+        conditioned = options.condition_on_previous_text
+        jobs = [] if conditioned else [self._start(i, c, options, None, streamed, on_chunk_done)
+                                       for i, c in enumerate(chunks)]
+        outcomes: list[ChunkOutcome] = []
+        previous: str | None = None
+        try:
+            for i, chunk in enumerate(chunks):
+                if conditioned:  # each chunk needs the text before it: one at a time
+                    jobs.append(self._start(i, chunk, options, previous, streamed, on_chunk_done))
+                if jobs[i].texts is not None:
+                    while (text := await jobs[i].texts.get()) is not None:
+                        yield text
+                outcome = await jobs[i].task
+                outcomes.append(outcome)
+                yield self._chunk_done(i, outcome, options)
+                previous = self._context_after(outcome, previous, options)
+            if not streamed:
+                await self._settle_language(outcomes, options)
+            yield Finished(self.assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate))
+        finally:  # finished, failed or abandoned: no decode of this request runs on
+            for job in jobs:
+                job.task.cancel()
+                job.task.add_done_callback(_retrieve)
 
+    def refusal(self, options: TranscriptionOptions) -> UnsupportedDecode | None:
+        """Why the engine cannot decode what ``options`` ask for. Checked before any work, so
+        the caller gets a 400 instead of a failure mid-request."""
+        # Conditioning on the previous chunk puts its text in the next chunk's prompt.
+        previous = "." if options.condition_on_previous_text else None
+        return self.engine.refusal(self.params_for(options, previous_text=previous))
+
+    # ---- prompts ----
     def chunks(self, audio: np.ndarray) -> list[AudioChunk]:
         cfg = self.adapter.config
         if not cfg.chunking:
@@ -141,56 +223,102 @@ class Transcriber:
             changes.update(beam_size=options.beam_size, length_penalty=options.length_penalty)
         return replace(params, **changes)
 
-    def refusal(self, options: TranscriptionOptions) -> Exception | None:
-        """Why the engine cannot decode what ``options`` ask for (an engine without limits: None).
-        Checked before any work, so the caller gets a 400 instead of a failure mid-request."""
-        check = getattr(self.engine, "refusal", None)
-        if check is None:
-            return None
-        # Conditioning on the previous chunk puts its text in the next chunk's prompt.
-        previous = "." if options.condition_on_previous_text else None
-        return check(self.params_for(options, previous_text=previous))
+    # ---- one chunk ----
+    def _start(self, index: int, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
+               streamed: bool, on_chunk_done: Callable[[AudioChunk], None] | None) -> _ChunkJob:
+        texts: asyncio.Queue | None = asyncio.Queue() if streamed else None
+        report = None if texts is None else (lambda text, joiner: texts.put_nowait(ChunkText(index, text, joiner)))
 
-    async def _detect_two_stage(self, chunk: AudioChunk, options: TranscriptionOptions) -> str | None:
-        params = replace(self.params_for(options, None), max_new_tokens=1)
-        # A copy: the baseline is vLLM's two requests, each encoding the audio (the engine
-        # would otherwise reuse this pass's encoder output for the transcription).
-        result = await self.engine.submit(chunk.samples.copy(), params).collect()
-        probs = self.adapter.language_probabilities(result.probe_probs, options.candidate_languages)
-        return max(probs, key=probs.get) if probs else None
+        async def work() -> ChunkOutcome:
+            try:
+                outcome = await self._decode_chunk(chunk, options, previous_text, report)
+            finally:
+                if texts is not None:
+                    texts.put_nowait(None)
+            if on_chunk_done:
+                on_chunk_done(chunk)
+            return outcome
 
-    async def _run(self, chunk: AudioChunk, params: DecodeParams, options: TranscriptionOptions) -> ChunkOutcome:
-        stream = self.engine.submit(chunk.samples, params)
-        try:
-            result = await stream.collect()
-        finally:
-            stream.cancel()  # no-op when finished; frees the slot if the caller was cancelled
-        return self.outcome(chunk, params, result, options)
+        return _ChunkJob(asyncio.ensure_future(work()), texts)
 
-    async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions,
-                            previous_text: str | None = None) -> ChunkOutcome:
+    async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
+                            report: Callable[[str, str], None] | None) -> ChunkOutcome:
+        """The chunk's kept decode. With ``report`` its text is shown as it grows, so it is
+        never replaced: no temperature fallback."""
         if not await self.hears_speech(chunk, options):
             return self.no_speech_outcome(chunk)
         language = options.language
         if language is None and options.detection == "two-stage":
-            language = await self._detect_two_stage(chunk, options)
-        first = await self._run(chunk, self.params_for(options, language, previous_text), options)
-        # The caller chose sampling (temperature > 0) or no fallback, or the decode passed.
-        if options.temperature > 0 or not options.fallback_temperatures or not needs_fallback(first.figures, options.thresholds):
+            language = await two_stage.detect_language(self.engine, self.adapter, chunk, self.params_for(options),
+                                                       options.candidate_languages)
+        first = await self._decode(chunk, self.params_for(options, language, previous_text), options, report)
+        if (report is not None or options.temperature > 0 or not options.fallback_temperatures
+                or not needs_fallback(first.figures, options.thresholds)):
             return first
-        # Retries keep the first decode's prefix: its language goes into the prompt, and the
-        # (fixed-language) grammar still holds the text to the model's token rules. They run
-        # together, as one batch in the engine (the encoder output is reused): the kept decode
-        # is the same as trying one temperature after another, in a fraction of the time.
-        language = language or first.parsed.language
+        return await self._fallback(chunk, first, options, language or first.parsed.language, previous_text)
+
+    async def _fallback(self, chunk: AudioChunk, first: ChunkOutcome, options: TranscriptionOptions,
+                        language: str | None, previous_text: str | None) -> ChunkOutcome:
+        """Decode again at each fallback temperature and keep the best. Retries keep the first
+        decode's prefix: its language goes into the prompt, and the (fixed-language) grammar
+        still holds the text to the model's token rules. They run together, as one batch in the
+        engine (the encoder output is reused): the kept decode is the same as trying one
+        temperature after another, in a fraction of the time."""
         retries = [replace(self.params_for(options, language, previous_text), temperature=temperature,
                            seed=None if options.seed is None else options.seed + i + 1, top_k=None, top_p=None,
                            beam_size=1)
                    for i, temperature in enumerate(options.fallback_temperatures)]
-        attempts = [first] + list(await asyncio.gather(*(self._run(chunk, p, options) for p in retries)))
+        attempts = [first] + list(await asyncio.gather(*(self._decode(chunk, p, options) for p in retries)))
         kept = attempts[pick_best([a.figures for a in attempts], options.thresholds)]
         kept.language_probs = first.language_probs  # the detection is the first decode's
         return kept
+
+    async def _decode(self, chunk: AudioChunk, params: DecodeParams, options: TranscriptionOptions,
+                      report: Callable[[str, str], None] | None = None) -> ChunkOutcome:
+        """One engine decode of the chunk, parsed."""
+        stream = self.engine.submit(chunk.samples, params)
+        try:
+            if report is None:
+                await stream.collect()
+            else:
+                await self._follow(stream, params, options, report)
+        finally:
+            stream.cancel()  # no-op when finished; frees the slot if the caller was cancelled
+        return self.outcome(chunk, params, stream.result, options)
+
+    async def _follow(self, stream, params: DecodeParams, options: TranscriptionOptions,
+                      report: Callable[[str, str], None]) -> None:
+        """Drain the decode, reporting its visible text each time it grows once the forced
+        prefix has parsed. A window the probe says may hold no speech reports nothing: its text
+        waits for the verdict at the end (silence gives no invented text)."""
+        adapter = self.adapter
+        need = adapter.forced_prefix_tokens(params)
+        tokens: list[int] = []
+        body: int | None = None  # where the text begins, once the prefix parsed
+        joiner, held, failed = "", False, False
+        async for event in stream:
+            tokens.append(event.token_id)
+            if len(tokens) == 1:  # the probe is in by the first token
+                held = may_be_silent(adapter.no_speech_probability(stream.result.probe_probs), options.thresholds)
+            if held or failed or len(tokens) < need:
+                continue
+            if body is None:
+                head = adapter.parse_output(tokens, params)
+                failed = head.failure is not None  # ChunkDone reports it
+                body, joiner = head.prefix_length, adapter.joiner(head.language)
+            if not failed:
+                report(adapter.decode_text(tokens[body:]), joiner)
+
+    async def hears_speech(self, chunk: AudioChunk, options: TranscriptionOptions) -> bool:
+        if self.gate is None or not options.vad_filter:
+            return True
+        return await asyncio.to_thread(self.gate.has_speech, chunk.samples)  # CPU work: off the event loop
+
+    @staticmethod
+    def no_speech_outcome(chunk: AudioChunk) -> ChunkOutcome:
+        figures = DecodeFigures(temperature=0.0, avg_logprob=0.0, compression_ratio=0.0, no_speech_prob=None,
+                                parsed=True, speech_found=False)
+        return ChunkOutcome(chunk, None, SequenceResult(finish_reason="no_speech"), {}, ParsedOutput(None, ""), figures)
 
     def outcome(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult,
                 options: TranscriptionOptions) -> ChunkOutcome:
@@ -208,31 +336,20 @@ class Transcriber:
         probs = adapter.language_probabilities(result.probe_probs, options.candidate_languages)
         return ChunkOutcome(chunk, params, result, probs, parsed, figures)
 
-    async def transcribe(
-        self, audio: np.ndarray, options: TranscriptionOptions = TranscriptionOptions(),
-        on_chunk_done: Callable[[AudioChunk], None] | None = None,
-    ) -> TranscriptionResult:
-        chunks = self.chunks(audio)
+    def _chunk_done(self, index: int, outcome: ChunkOutcome, options: TranscriptionOptions) -> ChunkDone:
+        parsed = outcome.parsed
+        silent = is_silent(outcome.figures, options.thresholds)
+        text = "" if silent or parsed.failure is not None else parsed.text or ""
+        return ChunkDone(index, text, self.adapter.joiner(parsed.language), parsed.failure)
 
-        async def run(chunk: AudioChunk, previous_text: str | None = None) -> ChunkOutcome:
-            outcome = await self._decode_chunk(chunk, options, previous_text)
-            if on_chunk_done:
-                on_chunk_done(chunk)
-            return outcome
+    @staticmethod
+    def _context_after(outcome: ChunkOutcome, previous: str | None, options: TranscriptionOptions) -> str | None:
+        """The text the next chunk is conditioned on (condition_on_previous_text)."""
+        if is_silent(outcome.figures, options.thresholds):
+            return previous
+        return None if outcome.figures.temperature > PROMPT_RESET_TEMPERATURE else outcome.parsed.text
 
-        if options.condition_on_previous_text:
-            outcomes, previous = [], None
-            for chunk in chunks:  # each chunk needs the text before it: one at a time
-                outcome = await run(chunk, previous)
-                outcomes.append(outcome)
-                if is_silent(outcome.figures, options.thresholds):
-                    continue
-                previous = None if outcome.figures.temperature > PROMPT_RESET_TEMPERATURE else outcome.parsed.text
-        else:
-            outcomes = list(await asyncio.gather(*(run(c) for c in chunks)))
-        await self._settle_language(outcomes, options)
-        return self.assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate)
-
+    # ---- the whole request ----
     def _vote(self, outcomes: list[ChunkOutcome], options: TranscriptionOptions) -> tuple[str | None, float | None]:
         """The request's language: chunks that hold speech vote (all of them when none does)."""
         parsed = [o for o in outcomes if o.figures.parsed]
@@ -249,7 +366,7 @@ class Transcriber:
         if not redo:
             return
         fixed = replace(options, language=language, detection="fused")
-        again = await asyncio.gather(*(self._decode_chunk(outcomes[i].chunk, fixed) for i in redo))
+        again = await asyncio.gather(*(self._decode_chunk(outcomes[i].chunk, fixed, None, None) for i in redo))
         for i, outcome in zip(redo, again):
             outcome.language_probs = outcomes[i].language_probs  # what the chunk itself heard
             outcomes[i] = outcome
@@ -290,7 +407,7 @@ class Transcriber:
                 start = chunk.start + (s.start or 0.0)
                 end = chunk.start + s.end if s.end is not None else chunk.end
                 segments.append(Segment(
-                    id=len(segments), seek=chunk.start_sample // 160, start=round(start, 3),
+                    id=len(segments), seek=chunk.start_sample // HOP_LENGTH, start=round(start, 3),
                     end=round(max(end, start), 3), text=s.text, tokens=s.token_ids,
                     temperature=figures.temperature, avg_logprob=figures.avg_logprob,
                     compression_ratio=compression_ratio(s.text), no_speech_prob=figures.no_speech_prob,
@@ -316,3 +433,9 @@ class Transcriber:
             prompt_tokens=sum(len(o.params.prompt_ids) for o in outcomes if o.params is not None),
             output_tokens=sum(len(o.result.token_ids) for o in outcomes if o.params is not None),
         )
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """Mark an abandoned decode's failure as seen (it was cancelled, or its request failed)."""
+    if not task.cancelled():
+        task.exception()

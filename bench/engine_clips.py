@@ -19,12 +19,12 @@ from pathlib import Path
 
 import jiwer
 
-from asr_service.runtime import build_runtime
+from asr_service.runtime import RuntimeSettings, build_runtime
 from asr_service.transcription import TranscriptionOptions
 
-from .clips import all_clips, load_clip, reference
+from support.clips import all_clips, load_clip, reference
 from .report import CHARACTER_SCORED  # scored by characters (CER), the rest by words
-from .textnorm import normalize as _normalize
+from support.textnorm import normalize as _normalize
 
 
 
@@ -80,7 +80,7 @@ async def run_mode(rt, clips, mode: str) -> dict:
 
 
 async def main_async(args) -> dict:
-    rt = build_runtime(threads=args.threads, quantize=args.quantize, device=args.device)
+    rt = build_runtime(RuntimeSettings(threads=args.threads, quantize=args.quantize, device=args.device))
     clips = load_clips()
     # One warm-up pass so no mode pays first-call costs.
     await rt.transcriber.transcribe(clips[0][2], TranscriptionOptions())

@@ -16,8 +16,8 @@ import time
 
 import httpx
 
-from .clips import clip_path
-from .server_process import ServerProcess
+from support.clips import clip_path
+from support.server_process import ServerProcess
 
 VARIANTS = [
     ("/v1/audio/transcriptions", {}),

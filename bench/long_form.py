@@ -21,11 +21,11 @@ from pathlib import Path
 import jiwer
 
 from asr_service.audio import decode_audio
-from asr_service.runtime import build_runtime
+from asr_service.runtime import RuntimeSettings, build_runtime
 from asr_service.transcription import TranscriptionOptions
 
 from .engine_clips import load_clips, score_results
-from .textnorm import normalize
+from support.textnorm import normalize
 from .workloads import build_workloads
 
 VARIANTS = {
@@ -56,7 +56,7 @@ async def measure(rt, clips, long, long_audio, options: TranscriptionOptions) ->
 
 
 async def main_async(args) -> dict:
-    rt = build_runtime(threads=args.threads, quantize=args.quantize)
+    rt = build_runtime(RuntimeSettings(threads=args.threads, quantize=args.quantize))
     clips = load_clips()
     long = build_workloads(True, Path(tempfile.mkdtemp(prefix="asr-bench-")))["long"][0]
     long_audio = decode_audio(long.wav)  # as the server gets it: through the WAV file

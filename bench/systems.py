@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from .server_process import ServerProcess
+from support.server_process import ServerProcess
 from .workloads import Outcome, Request
 
 

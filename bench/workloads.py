@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from .clips import all_clips, load_clip, reference
+from support.clips import all_clips, load_clip, reference
 
 
 @dataclass

@@ -1,4 +1,12 @@
-"""Shared fixtures: the real packaged model is loaded once per test session."""
+"""Shared fixtures, and the test tiers.
+
+Every test module declares one tier with ``pytestmark``:
+- ``unit``: pure code, no model (seconds);
+- ``model``: the real packaged model in this process, loaded once per session (``runtime``);
+- ``server``: real processes on loopback (``start_server``, the CLI, stand-in SGLang servers);
+- ``slow``: long hostile-input and load runs (longer still under ``make fuzz`` / ``make load-test``).
+``make test PYTEST_ARGS="-m unit"`` runs one tier; ``make test`` runs them all.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +14,25 @@ import os
 
 import pytest
 
+from support.server_process import ServerProcess
+
+TIERS = ("unit", "model", "server", "slow")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        tiers = [t for t in TIERS if item.get_closest_marker(t)]
+        if len(tiers) != 1:
+            raise pytest.UsageError(f"{item.nodeid}: a test module declares exactly one tier of {TIERS} "
+                                    f"(pytestmark), found {tiers}")
+
 
 @pytest.fixture(scope="session")
 def runtime():
-    from asr_service.runtime import build_runtime
+    from asr_service.runtime import RuntimeSettings, build_runtime
 
-    rt = build_runtime(threads=int(os.environ.get("ASR_TEST_THREADS", "0")) or None)
+    # The CPU engine, also where a GPU is present: it is the reference the CUDA tests compare with.
+    rt = build_runtime(RuntimeSettings(device="cpu", threads=int(os.environ.get("ASR_TEST_THREADS", "0")) or None))
     yield rt
     rt.close()
 
@@ -24,3 +45,21 @@ def adapter(runtime):
 @pytest.fixture(scope="session")
 def tok(adapter):
     return adapter.tok
+
+
+@pytest.fixture(scope="module")
+def start_server():
+    """Start ``asr-service serve`` processes (flags as arguments); each is ready when returned
+    (``ready=False``: just started) and stopped when the module's tests are done."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> ServerProcess:
+        proc = ServerProcess(*args, env=env)
+        started.append(proc)
+        if ready:
+            proc.wait_ready()
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()

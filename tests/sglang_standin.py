@@ -60,8 +60,8 @@ import xgrammar as xgr
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from asr_service.engine.params import DecodeParams
-from bench.server_process import free_port
+from asr_service.engine.params import Constraint, DecodeParams
+from support.server_process import free_port
 
 # GenerateReqInput's fields (SGLang 0.5.21, srt/managers/io_struct.py).
 GENERATE_FIELDS = frozenset("""rid session_id text input_ids input_embeds image_data video_data audio_data mm_hashes
@@ -175,7 +175,9 @@ class SGLangStandIn:
         max_new = min(max_new, WHISPER_MAX_POSITIONS - len(prompt))
         temperature = float(sampling.get("temperature", 1.0))
         params = DecodeParams(
-            prompt_ids=tuple(prompt), eot_id=self.tok.eot, grammar=grammar, max_new_tokens=max_new,
+            # The engine below reads only the compiled form of a constraint.
+            prompt_ids=tuple(prompt), eot_id=self.tok.eot, max_new_tokens=max_new,
+            constraint=None if grammar is None else Constraint((), grammar),
             temperature=temperature if temperature > 1e-6 else 0.0,
             top_k=sampling.get("top_k"), top_p=sampling.get("top_p"), seed=sampling.get("sampling_seed"),
             probe_index=len(prompt) - 1, probe_ids=tuple(requested))

@@ -2,6 +2,10 @@
 
 import logging
 
+import pytest
+
+pytestmark = pytest.mark.model
+
 
 def ids(tok, text):
     return tok.encode(text)

@@ -15,6 +15,8 @@ from asr_service.audio import (
     decode_audio,
 )
 
+pytestmark = pytest.mark.unit
+
 # (name as the OpenAI API calls it, container format, codec)
 FORMATS = [
     ("flac", "flac", "flac"),

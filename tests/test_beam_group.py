@@ -2,9 +2,12 @@
 
 import math
 
+import pytest
 import torch
 
 from asr_service.engine.beam_search import BeamGroup, Hypothesis
+
+pytestmark = pytest.mark.unit
 
 EOT = 3
 

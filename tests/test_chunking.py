@@ -1,6 +1,9 @@
 import numpy as np
+import pytest
 
 from asr_service.chunking import split_audio
+
+pytestmark = pytest.mark.unit
 
 SR = 16000
 

@@ -5,7 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.clips import clip_path
+import pytest
+
+from support.clips import clip_path
+
+pytestmark = pytest.mark.server
 
 CLI = str(Path(sys.executable).parent / "asr-service")
 
@@ -58,7 +62,7 @@ def test_batch_killed_midway_resumes_and_does_every_file_once(tmp_path):
     import numpy as np
     import soundfile as sf
 
-    from bench.clips import load_clip, reference
+    from support.clips import load_clip, reference
 
     inputs = tmp_path / "in"
     inputs.mkdir()

@@ -9,9 +9,11 @@ import jiwer
 import pytest
 import torch
 
-from asr_service.runtime import build_runtime
+from asr_service.runtime import RuntimeSettings, build_runtime
 from asr_service.transcription import TranscriptionOptions
-from bench.clips import load_clip, reference
+from support.clips import load_clip, reference
+
+pytestmark = pytest.mark.model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device here (torch.cuda.is_available() is False); "
@@ -21,16 +23,16 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 def test_device_choices_are_checked_before_loading():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
-            build_runtime(device="cuda")
+            build_runtime(RuntimeSettings(device="cuda"))
     with pytest.raises(ValueError, match="unknown device"):
-        build_runtime(device="tpu")
+        build_runtime(RuntimeSettings(device="tpu"))
     with pytest.raises(ValueError, match="needs at least one --sglang-url"):
-        build_runtime(engine="sglang")
+        build_runtime(RuntimeSettings(engine="sglang"))
 
 
 @pytest.fixture(scope="module")
 def cuda_runtime():
-    rt = build_runtime(device="cuda")
+    rt = build_runtime(RuntimeSettings(device="cuda"))
     yield rt
     rt.close()
 

@@ -6,7 +6,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bench.clips import load_clip
+from support.clips import load_clip
+
+pytestmark = pytest.mark.model
 
 
 async def test_cancel_frees_the_slot_within_a_step(runtime):
@@ -24,10 +26,10 @@ async def test_cancel_frees_the_slot_within_a_step(runtime):
     assert stream.result.finish_reason == "cancelled"
     assert engine.steps - steps_at_cancel <= 2
     for _ in range(50):
-        if engine.active_count == 0:
+        if engine.figures().active_sequences == 0:
             break
         await asyncio.sleep(0.01)
-    assert engine.active_count == 0
+    assert engine.figures().active_sequences == 0
 
 
 async def test_token_budget_ends_with_length(runtime):
@@ -52,10 +54,10 @@ async def test_probe_reports_language_and_no_speech_probabilities(runtime):
 @pytest.mark.parametrize("quantize", ["int8", "bf16"])
 def test_reduced_precision_engine_still_transcribes(quantize):
     """--quantize int8 (quantized linear layers) and bf16 (bfloat16 encoder): same pipeline."""
-    from asr_service.runtime import build_runtime
+    from asr_service.runtime import RuntimeSettings, build_runtime
     from asr_service.transcription import TranscriptionOptions
 
-    rt = build_runtime(threads=2, max_batch_size=4, quantize=quantize)
+    rt = build_runtime(RuntimeSettings(device="cpu", threads=2, max_batch_size=4, quantize=quantize))
     try:
         async def run():
             return await asyncio.gather(*(rt.transcriber.transcribe(load_clip(*c), TranscriptionOptions())
@@ -73,15 +75,15 @@ def test_sampling_with_every_token_masked_ends_like_greedy(runtime):
     no token was allowed; softmax of all -inf is NaN and torch.multinomial raised (a 500)."""
     import torch
 
-    from asr_service.engine.batch_engine import _sample_one
+    from asr_service.engine.logits import sample_one
 
     params = replace(runtime.adapter.build_fused_autodetect_params(), temperature=0.6, top_k=5, top_p=0.9)
     masked = torch.full((51865,), float("-inf"))
-    token = _sample_one(masked, params, torch.Generator().manual_seed(0))
+    token = sample_one(masked, params, torch.Generator().manual_seed(0))
     assert 0 <= token < 51865 and masked[token] == float("-inf")  # the caller ends the sequence as "grammar"
     with_nan = torch.zeros(51865)
     with_nan[:10] = float("nan")
-    assert _sample_one(with_nan, params, torch.Generator().manual_seed(0)) >= 10
+    assert sample_one(with_nan, params, torch.Generator().manual_seed(0)) >= 10
 
 
 def test_the_torch_bitmask_used_on_gpus_matches_xgrammars_kernel():
@@ -90,7 +92,7 @@ def test_the_torch_bitmask_used_on_gpus_matches_xgrammars_kernel():
     import torch
     import xgrammar as xgr
 
-    from asr_service.engine.batch_engine import apply_bitmask
+    from asr_service.engine.logits import apply_bitmask
 
     generator = torch.Generator().manual_seed(0)
     vocab = 51865

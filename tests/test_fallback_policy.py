@@ -1,7 +1,11 @@
 """The fallback policy on its own: which decode is retried, which is kept, which is silence."""
 
+import pytest
+
 from asr_service.fallback import DecodeFigures, QualityThresholds, is_silent, needs_fallback, pick_best
 from asr_service.language_vote import is_outlier, vote
+
+pytestmark = pytest.mark.unit
 
 T = QualityThresholds()
 

@@ -3,6 +3,8 @@ import pytest
 
 from asr_service.engine.features import N_FRAMES, log_mel_spectrogram, mel_filters
 
+pytestmark = pytest.mark.unit
+
 
 def test_mel_filters_match_transformers_slaney_filterbank():
     audio_utils = pytest.importorskip("transformers.audio_utils")

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from bench.clips import clip_path, load_clip
-from bench.server_process import ServerProcess
+from support.clips import clip_path, load_clip
 from tests.test_audio import encode_samples
+
+pytestmark = pytest.mark.slow
 
 EXAMPLES = int(os.environ.get("ASR_FUZZ_EXAMPLES", "30"))
 LONG_RUN = bool(os.environ.get("ASR_FUZZ_RANDOM"))
@@ -29,15 +30,10 @@ CASES = {"count": 0}
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--threads", "2", "--max-bytes", "2000000", "--max-seconds", str(MAX_SECONDS),
-                         "--request-timeout", "60")
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
-        print(f"\nfuzz: {CASES['count']} requests sent")
+def server(start_server):
+    yield start_server("--threads", "2", "--max-bytes", "2000000", "--max-seconds", str(MAX_SECONDS),
+                       "--request-timeout", "60")
+    print(f"\nfuzz: {CASES['count']} requests sent")
 
 
 def rss_mb(pid: int) -> float:

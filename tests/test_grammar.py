@@ -4,6 +4,8 @@ import pytest
 import torch
 import xgrammar as xgr
 
+pytestmark = pytest.mark.model
+
 
 def allowed(matcher, vocab_size) -> set[int]:
     bitmask = xgr.allocate_token_bitmask(1, vocab_size)
@@ -19,13 +21,13 @@ def fused(adapter):
 
 
 def test_step0_allows_exactly_the_language_tokens(adapter, tok, fused):
-    m = xgr.GrammarMatcher(fused.grammar)
+    m = xgr.GrammarMatcher(fused.constraint.compiled)
     assert allowed(m, tok.vocab_size) == set(tok.language_ids.values())
     assert len(tok.language_ids) == 99
 
 
 def test_byte_spelled_prefix_is_rejected_at_step0(tok, fused):
-    m = xgr.GrammarMatcher(fused.grammar)
+    m = xgr.GrammarMatcher(fused.constraint.compiled)
     for piece in ("<", "|"):
         ids = tok.encode(piece)
         assert len(ids) == 1
@@ -35,7 +37,7 @@ def test_byte_spelled_prefix_is_rejected_at_step0(tok, fused):
 
 
 def test_prefix_then_text_without_special_tokens(tok, fused):
-    m = xgr.GrammarMatcher(fused.grammar)
+    m = xgr.GrammarMatcher(fused.constraint.compiled)
     assert m.accept_token(tok.language_ids["fr"])
     assert allowed(m, tok.vocab_size) == {tok.transcribe}
     assert m.accept_token(tok.transcribe)
@@ -52,12 +54,13 @@ def test_prefix_then_text_without_special_tokens(tok, fused):
     assert m.accept_token(tok.eot) and m.is_terminated()
 
 
-def test_timestamp_variant_requires_a_timestamp_and_allows_them_in_text(adapter, tok):
+def test_timestamp_variant_requires_an_early_timestamp_and_allows_them_in_text(adapter, tok):
     params = adapter.build_fused_autodetect_params(timestamps=True)
-    m = xgr.GrammarMatcher(params.grammar)
+    m = xgr.GrammarMatcher(params.constraint.compiled)
     m.accept_token(tok.language_ids["en"])
     m.accept_token(tok.transcribe)
-    assert allowed(m, tok.vocab_size) == set(range(tok.timestamp_begin, tok.vocab_size))
+    # Whisper's rule, in the constraint: the text opens with a timestamp of at most 1.00 s.
+    assert allowed(m, tok.vocab_size) == set(range(tok.timestamp_begin, tok.timestamp_begin + 51))
     assert m.accept_token(tok.timestamp_begin)
     text_ok = allowed(m, tok.vocab_size)
     assert tok.timestamp_begin + 100 in text_ok and tok.no_timestamps not in text_ok
@@ -65,14 +68,14 @@ def test_timestamp_variant_requires_a_timestamp_and_allows_them_in_text(adapter,
 
 def test_narrowing_to_candidate_languages(adapter, tok):
     params = adapter.build_fused_autodetect_params(candidate_languages=("fr", "en"))
-    m = xgr.GrammarMatcher(params.grammar)
+    m = xgr.GrammarMatcher(params.constraint.compiled)
     assert allowed(m, tok.vocab_size) == {tok.language_ids["en"], tok.language_ids["fr"]}
     assert not m.accept_token(tok.language_ids["de"])
 
 
 def test_translate_task_token_is_forced(adapter, tok):
     params = adapter.build_fused_autodetect_params(task="translate")
-    m = xgr.GrammarMatcher(params.grammar)
+    m = xgr.GrammarMatcher(params.constraint.compiled)
     m.accept_token(tok.language_ids["de"])
     assert allowed(m, tok.vocab_size) == {tok.translate}
 
@@ -86,12 +89,13 @@ def test_grammar_variants_compile_once_with_deterministic_keys(adapter):
     assert g.compile_counts[a] == 1
 
 
-def test_regex_rendering(adapter):
-    import re
+def test_known_language_timestamps_open_with_an_early_timestamp(adapter, tok):
+    m = xgr.GrammarMatcher(adapter.build_prompt("en", timestamps=True).constraint.compiled)
+    assert allowed(m, tok.vocab_size) == set(range(tok.timestamp_begin, tok.timestamp_begin + 51))
 
-    key = adapter.grammars.key("transcribe", False, ("en", "fr"))
-    rx = re.compile(adapter.grammars.regex(key))
-    assert rx.fullmatch("<|fr|><|transcribe|><|notimestamps|> Bonjour")
-    assert not rx.fullmatch("<|de|><|transcribe|><|notimestamps|> Hallo")
-    ts = re.compile(adapter.grammars.regex(adapter.grammars.key("translate", True, ("en",))))
-    assert ts.fullmatch("<|en|><|translate|><|0.00|> Hi<|1.20|>")
+
+def test_suppressed_symbols_are_kept_out_of_text(adapter, tok):
+    suppressed = adapter.grammars.suppress_ids
+    assert suppressed  # the packaged model names the non-speech symbols Whisper avoids
+    m = xgr.GrammarMatcher(adapter.build_prompt("en").constraint.compiled)
+    assert not (allowed(m, tok.vocab_size) & set(suppressed))

@@ -17,9 +17,10 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.clips import all_clips, load_clip
-from bench.server_process import ServerProcess
+from support.clips import all_clips, load_clip
 from tests.test_server_api import wav_bytes
+
+pytestmark = pytest.mark.slow
 
 SECONDS = float(os.environ.get("ASR_LOAD_SECONDS", "20"))
 CLIENTS = 64
@@ -35,13 +36,8 @@ def rss_mb(pid: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--threads", "2", "--max-pending-requests", str(MAX_PENDING))
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+def server(start_server):
+    return start_server("--threads", "2", "--max-pending-requests", str(MAX_PENDING))
 
 
 def bodies() -> dict[str, bytes]:

@@ -10,8 +10,10 @@ import pytest
 from asr_service.fallback import QualityThresholds
 from asr_service.transcription import TranscriptionOptions
 
-from bench.clips import load_clip, reference
-from bench.textnorm import normalize
+from support.clips import load_clip, reference
+from support.textnorm import normalize
+
+pytestmark = pytest.mark.model
 
 SR = 16000
 NO_FALLBACK = TranscriptionOptions(fallback_temperatures=())
@@ -155,17 +157,27 @@ async def test_prompt_changes_the_spelling_of_a_name(runtime):
     assert "blond qui fume" in prompted.text.lower() and "Blanqui" not in prompted.text
 
 
-async def test_each_chunk_can_be_conditioned_on_the_one_before(runtime, monkeypatch):
-    en = [("en", "quick_brown_fox"), ("en", "counting")]
-    audio = np.concatenate([_window(*en), _window(*en[::-1])])
-    prompts = []
+@pytest.fixture
+def prompts(runtime, monkeypatch) -> list[tuple[int, ...]]:
+    """The prompt of every decode submitted during the test (the real engine decodes them)."""
+    seen = []
     submit = runtime.engine.submit
 
-    def recording_submit(samples, params):  # the real engine; only the prompts are noted
-        prompts.append(params.prompt_ids)
+    def recording_submit(samples, params):
+        seen.append(params.prompt_ids)
         return submit(samples, params)
 
     monkeypatch.setattr(runtime.engine, "submit", recording_submit)
+    return seen
+
+
+def _two_conditioned_windows() -> np.ndarray:
+    en = [("en", "quick_brown_fox"), ("en", "counting")]
+    return np.concatenate([_window(*en), _window(*en[::-1])])
+
+
+async def test_each_chunk_can_be_conditioned_on_the_one_before(runtime, prompts):
+    audio = _two_conditioned_windows()
     result = await runtime.transcriber.transcribe(audio, replace_options(condition_on_previous_text=True, hotwords="Fox"))
     assert result.text.lower().count("quick brown fox") == 2
     tok = runtime.adapter.tok
@@ -174,6 +186,36 @@ async def test_each_chunk_can_be_conditioned_on_the_one_before(runtime, monkeypa
     assert first[0] == tok.sot_prev and tok.decode(list(first[1 : first.index(tok.sot)])).strip() == "Fox"
     context = tok.decode(list(second[1 : second.index(tok.sot)]))
     assert context.startswith(" Fox ") and "quick brown fox" in context.lower()
+
+
+async def test_a_stream_is_conditioned_on_the_text_before_like_the_full_response(runtime, prompts):
+    """One per-chunk decode path: a streamed run conditions each chunk on the one before, and
+    its deltas add up to the same text as the full response."""
+    from asr_service.streaming import StreamDelta, StreamDone, render_stream
+
+    audio = _two_conditioned_windows()
+    options = replace_options(condition_on_previous_text=True)
+    items = [item async for item in render_stream(runtime.transcriber.run(audio, options, streamed=True))]
+    streamed_prompts = list(prompts)
+    full = await runtime.transcriber.transcribe(audio, options)
+    deltas = "".join(i.text for i in items if isinstance(i, StreamDelta))
+    done = items[-1]
+    assert isinstance(done, StreamDone) and done.text == deltas == full.text
+    assert full.text.lower().count("quick brown fox") == 2
+    tok = runtime.adapter.tok
+    second = streamed_prompts[1]
+    assert second[0] == tok.sot_prev and "quick brown fox" in tok.decode(list(second[1 : second.index(tok.sot)])).lower()
+
+
+async def test_two_stage_detection_applies_to_streams_too(runtime):
+    from asr_service.streaming import StreamDone, render_stream
+
+    clip = load_clip("fr", "pangrama")
+    options = replace_options(detection="two-stage")
+    before = runtime.engine.submitted_total
+    items = [item async for item in render_stream(runtime.transcriber.run(clip, options, streamed=True))]
+    assert runtime.engine.submitted_total - before == 2  # the detection decode, then the transcription
+    assert isinstance(items[-1], StreamDone) and items[-1].result.language == "fr"
 
 
 # ---- word timestamps ----
@@ -223,7 +265,7 @@ async def test_word_times_in_a_language_without_spaces(runtime):
 async def greedy_and_beam(runtime):
     """Every English clip and one clip of each other language, fused detection, decoded greedily
     and with 5 beams (one chunk each); all 27 clips made this fixture take 66 s."""
-    from bench.clips import all_clips
+    from support.clips import all_clips
 
     first_of_each = {}
     for lang, name in all_clips():
@@ -234,7 +276,7 @@ async def greedy_and_beam(runtime):
     for beams in (1, 5):
         options = TranscriptionOptions(beam_size=beams, fallback_temperatures=())
         params = t.params_for(options)
-        out[beams] = await asyncio.gather(*(t._run(t.chunks(load_clip(*c))[0], params, options) for c in clips))
+        out[beams] = await asyncio.gather(*(t._decode(t.chunks(load_clip(*c))[0], params, options) for c in clips))
     return clips, out[1], out[5]
 
 
@@ -269,4 +311,4 @@ async def test_beam_search_with_word_timestamps_and_long_audio(runtime):
     result = await runtime.transcriber.transcribe(audio, TranscriptionOptions(beam_size=3, timestamps=True, word_timestamps=True))
     assert normalize(result.text).count("quick brown fox") == 2
     _assert_plausible(result.words, result.duration)
-    assert runtime.engine.active_count == 0
+    assert runtime.engine.figures().active_sequences == 0

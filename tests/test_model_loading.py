@@ -10,9 +10,11 @@ import torch
 from asr_service.engine.features import log_mel_spectrogram
 from asr_service.model_loading import ModelLoadError, load_model
 
-from bench.clips import load_clip
-from bench.hf_reference import hf_config, to_hf_state_dict
-from bench.peer_worker import ctranslate2_dir
+from support.clips import load_clip
+from support.hf_reference import hf_config, to_hf_state_dict
+from support.packaged_model import ctranslate2_dir
+
+pytestmark = pytest.mark.model
 
 
 def test_unknown_name_lists_what_is_accepted():

@@ -4,6 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.server
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from bench.clips import clip_path, load_clip, reference
-from bench.server_process import ServerProcess
-from bench.textnorm import normalize
+from support.clips import clip_path, load_clip, reference
+from support.textnorm import normalize
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -29,18 +28,15 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+pytestmark = pytest.mark.server
+
 
 KEY = "sk-page-test-key"
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--threads", "2", "--api-key", KEY)  # the page sends the key it is given
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+def server(start_server):
+    return start_server("--threads", "2", "--api-key", KEY)  # the page sends the key it is given
 
 
 def trimmed(name: str) -> np.ndarray:

@@ -14,10 +14,11 @@ import openai
 import pytest
 import websockets
 
-from bench.clips import load_clip, reference
-from bench.server_process import ServerProcess
-from bench.textnorm import normalize
+from support.clips import load_clip, reference
+from support.textnorm import normalize
 from tests.test_realtime_parts import pcm16, resample
+
+pytestmark = pytest.mark.server
 
 MAX_SESSIONS = 2
 IDLE_TIMEOUT = 3
@@ -25,15 +26,10 @@ MAX_BUFFER_SECONDS = 20
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--threads", "2", "--served-model-name", "whisper-1",
-                         "--max-realtime-sessions", str(MAX_SESSIONS), "--realtime-idle-timeout", str(IDLE_TIMEOUT),
-                         "--realtime-max-buffer-seconds", str(MAX_BUFFER_SECONDS))
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+def server(start_server):
+    return start_server("--threads", "2", "--served-model-name", "whisper-1",
+                        "--max-realtime-sessions", str(MAX_SESSIONS), "--realtime-idle-timeout", str(IDLE_TIMEOUT),
+                        "--realtime-max-buffer-seconds", str(MAX_BUFFER_SECONDS))
 
 
 def health(server) -> dict:
@@ -324,23 +320,20 @@ async def test_vanished_client_frees_its_engine_work(server, ws_url):
     assert after["cancelled_sequences"] > before
 
 
-async def test_a_server_that_is_not_ready_refuses_realtime_sessions_with_the_reason():
-    proc = ServerProcess("--model", "/nonexistent/model-dir")  # start-up fails; the server stays up
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                body = httpx.get(proc.url + "/health", timeout=2).json()
-                if "start-up failed" in body["error"]["message"]:
-                    break
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.2)
-        async with websockets.connect(proc.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription") as ws:
-            event = json.loads(await ws.recv())
-            assert event["error"]["code"] == "not_ready" and "start-up failed" in event["error"]["message"], event
-            with pytest.raises(websockets.ConnectionClosed) as closed:
-                await ws.recv()
-            assert closed.value.rcvd.code == 1013
-    finally:
-        proc.stop()
+async def test_a_server_that_is_not_ready_refuses_realtime_sessions_with_the_reason(start_server):
+    proc = start_server("--model", "/nonexistent/model-dir", ready=False)  # start-up fails; the server stays up
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            body = httpx.get(proc.url + "/health", timeout=2).json()
+            if "start-up failed" in body["error"]["message"]:
+                break
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.2)
+    async with websockets.connect(proc.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription") as ws:
+        event = json.loads(await ws.recv())
+        assert event["error"]["code"] == "not_ready" and "start-up failed" in event["error"]["message"], event
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 1013

@@ -11,7 +11,9 @@ from asr_service.realtime.input_audio import InputAudioDecoder, InputAudioError,
 from asr_service.realtime.session import SessionConfig
 from asr_service.realtime.stable_text import agreed, continuation, extension
 from asr_service.realtime.turn_detection import TurnDetectionSettings, TurnDetector
-from bench.clips import load_clip
+from support.clips import load_clip
+
+pytestmark = pytest.mark.model
 
 
 def b64(data: bytes) -> str:

@@ -1,13 +1,16 @@
 """RealtimeSession in-process on the real model: utterances, server VAD, the early final decode."""
 
+import pytest
 import asyncio
 
 import numpy as np
 
 from asr_service.realtime.session import Completed, RealtimeSession, SessionConfig, SessionError, TextDelta
 from asr_service.realtime.turn_detection import TurnDetectionSettings
-from bench.clips import load_clip
-from bench.textnorm import normalize
+from support.clips import load_clip
+from support.textnorm import normalize
+
+pytestmark = pytest.mark.model
 
 
 async def run_session(runtime, audio: np.ndarray, config: SessionConfig, commit: bool = False) -> list:

@@ -9,21 +9,17 @@ import openai
 import pytest
 import soundfile as sf
 
-from bench.clips import clip_path, load_clip
+from support.clips import clip_path, load_clip
 
-from bench.server_process import ServerProcess
+pytestmark = pytest.mark.server
+
 
 MAX_BYTES = 4_000_000  # a small upload limit so the 413 path is cheap to reach
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--max-bytes", str(MAX_BYTES), "--threads", "2", "--served-model-name", "whisper-1")
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+def server(start_server):
+    return start_server("--max-bytes", str(MAX_BYTES), "--threads", "2", "--served-model-name", "whisper-1")
 
 
 @pytest.fixture(scope="module")
@@ -276,6 +272,10 @@ def test_unknown_language_names_the_parameter_and_lists_codes(server):
     ({"vad_filter": "perhaps"}, "vad_filter"),
     ({"use_beam_search": "true", "stream": "true"}, "use_beam_search"),
     ({"use_beam_search": "true", "n": "50"}, "n"),
+    # A stream cannot take sent text back: what would replace it is refused, never ignored.
+    ({"temperature_fallback": "true", "stream": "true"}, "temperature_fallback"),
+    ({"detect_language_per_chunk": "false", "stream": "true"}, "detect_language_per_chunk"),
+    ({"allowed_languages[]": "xx"}, "allowed_languages"),
 ])
 def test_bad_fields_are_400_naming_the_field(server, fields, param):
     with open(clip_path("en", "hello_world"), "rb") as f:

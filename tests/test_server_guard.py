@@ -1,9 +1,7 @@
 """Auth, backpressure, upload limits, metrics and request logs through a live server on loopback."""
 
-import asyncio
 import hmac
 import json
-import os
 import socket
 import subprocess
 import threading
@@ -16,9 +14,10 @@ import pytest
 import websockets
 
 from asr_service.server.auth import ApiKeys, keys_from
-from bench.clips import clip_path, load_clip
-from bench.server_process import ServerProcess
+from support.clips import clip_path, load_clip
 from tests.test_server_api import assert_openai_error, wav_bytes
+
+pytestmark = pytest.mark.server
 
 KEYS = ("sk-test-first-0123456789", "sk-test-second-abcdefghij")
 ENV_KEY = "sk-test-from-env-zyxwvu"
@@ -27,19 +26,10 @@ MAX_PENDING = 2
 
 
 @pytest.fixture(scope="module")
-def server():
-    os.environ["ASR_API_KEYS"] = ENV_KEY  # read by the server process at start
-    try:
-        proc = ServerProcess("--threads", "2", "--served-model-name", "whisper-1", "--api-key", KEYS[0],
-                             "--api-key", KEYS[1], "--max-bytes", str(MAX_BYTES),
-                             "--max-pending-requests", str(MAX_PENDING))
-    finally:
-        del os.environ["ASR_API_KEYS"]
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+def server(start_server):
+    return start_server("--threads", "2", "--served-model-name", "whisper-1", "--api-key", KEYS[0],
+                        "--api-key", KEYS[1], "--max-bytes", str(MAX_BYTES), "--max-pending-requests", str(MAX_PENDING),
+                        env={"ASR_API_KEYS": ENV_KEY})  # read by the server process at start
 
 
 def auth(key: str = KEYS[0]) -> dict:
@@ -208,33 +198,29 @@ def test_metrics_report_requests_engine_and_detection(server):
 
 # ---- deadline and shutdown: a server of their own ----
 
-def test_request_deadline_then_sigterm_drains_in_flight_work():
-    proc = ServerProcess("--threads", "2", "--request-timeout", "4", "--shutdown-grace", "60")
-    try:
-        proc.wait_ready()
-        r = httpx.post(proc.url + "/v1/audio/transcriptions", files={"file": ("long.wav", long_speech(120), "audio/wav")},
-                       timeout=60)
-        assert_openai_error(r, 504, code="timeout")
-        deadline = time.monotonic() + 5  # the cancelled decode leaves the engine at its next step
-        while (health := httpx.get(proc.url + "/health").json())["active_sequences"] and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert health["active_sequences"] == 0 and health["queued_sequences"] == 0 and health["pending_requests"] == 0
+def test_request_deadline_then_sigterm_drains_in_flight_work(start_server):
+    proc = start_server("--threads", "2", "--request-timeout", "4", "--shutdown-grace", "60")
+    r = httpx.post(proc.url + "/v1/audio/transcriptions", files={"file": ("long.wav", long_speech(120), "audio/wav")},
+                   timeout=60)
+    assert_openai_error(r, 504, code="timeout")
+    deadline = time.monotonic() + 5  # the cancelled decode leaves the engine at its next step
+    while (health := httpx.get(proc.url + "/health").json())["active_sequences"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert health["active_sequences"] == 0 and health["queued_sequences"] == 0 and health["pending_requests"] == 0
 
-        answer = {}
-        body = wav_bytes(load_clip("en", "quick_brown_fox"))
-        worker = threading.Thread(target=lambda: answer.update(r=httpx.post(
-            proc.url + "/v1/audio/transcriptions", files={"file": ("fox.wav", body, "audio/wav")}, timeout=60)))
-        worker.start()
-        deadline = time.monotonic() + 10
-        while httpx.get(proc.url + "/health").json()["pending_requests"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        proc.proc.send_signal(subprocess.signal.SIGTERM)
-        time.sleep(0.2)
-        refused = httpx.post(proc.url + "/v1/audio/transcriptions", files=clip_upload())
-        assert_openai_error(refused, 503, code="shutting_down")
-        worker.join()
-        assert answer["r"].status_code == 200 and answer["r"].json()["text"] == \
-            "The quick brown fox jumps over the lazy dog."
-        assert proc.proc.wait(timeout=30) == 0
-    finally:
-        proc.stop()
+    answer = {}
+    body = wav_bytes(load_clip("en", "quick_brown_fox"))
+    worker = threading.Thread(target=lambda: answer.update(r=httpx.post(
+        proc.url + "/v1/audio/transcriptions", files={"file": ("fox.wav", body, "audio/wav")}, timeout=60)))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while httpx.get(proc.url + "/health").json()["pending_requests"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.proc.send_signal(subprocess.signal.SIGTERM)
+    time.sleep(0.2)
+    refused = httpx.post(proc.url + "/v1/audio/transcriptions", files=clip_upload())
+    assert_openai_error(refused, 503, code="shutting_down")
+    worker.join()
+    assert answer["r"].status_code == 200 and answer["r"].json()["text"] == \
+        "The quick brown fox jumps over the lazy dog."
+    assert proc.proc.wait(timeout=30) == 0

@@ -25,10 +25,11 @@ from asr_service.engine.params import EngineUnavailable
 from asr_service.engine.sglang import SGLangEngine
 from asr_service.engine.sglang.wire import UnsupportedDecode
 from asr_service.transcription import Transcriber, TranscriptionOptions
-from bench.clips import clip_path, load_clip
-from bench.server_process import ServerProcess
+from support.clips import clip_path, load_clip
 from tests.sglang_standin import SGLangStandIn
 from tests.test_server_api import assert_openai_error, sse_events, wav_bytes
+
+pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ async def test_fused_detection_matches_the_embedded_engine(runtime, standins):
         assert {e["token"] for e in first["elements"]} == set(runtime.adapter.tok.language_ids.values())
         assert task == {"type": "token", "token": runtime.adapter.tok.transcribe}
         assert mode == {"type": "token", "token": runtime.adapter.tok.no_timestamps}
-        assert text["type"] == "any_tokens" and set(runtime.adapter._suppress) <= set(text["exclude_tokens"])
+        assert text["type"] == "any_tokens" and set(runtime.adapter.grammars.suppress_ids) <= set(text["exclude_tokens"])
         # The audio arrives as it was sent (PCM16 WAV data URL).
         sent = sf.read(io.BytesIO(base64.b64decode(body["audio_data"].split(",", 1)[1])), dtype="float32")[0]
         assert np.abs(sent - audio[: sent.shape[0]]).max() < 1e-4 and sent.shape[0] == audio.shape[0]
@@ -136,7 +137,7 @@ async def test_cancel_posts_abort_request_and_frees_the_decode(runtime, standins
     while (rid not in a.aborted or rid in a.active) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert rid in a.aborted and rid not in a.active  # /abort_request arrived and the decode stopped
-    assert engine.active_count == 0 and engine.cancelled_total == 1
+    assert engine.figures().active_sequences == 0 and engine.figures().cancelled_sequences == 1
 
 
 async def test_a_server_failing_before_output_is_retried_on_the_other(runtime, standins):
@@ -229,16 +230,11 @@ def test_the_standin_checks_requests_field_by_field(standins):
 # ---- a live front: asr-service serve --engine sglang ----
 
 @pytest.fixture(scope="module")
-def front(standins):
+def front(standins, start_server):
     a, b = standins
     # A failed server stays out 30 s, so what /health says right after a failure is certain.
-    proc = ServerProcess("--engine", "sglang", "--sglang-url", a.url, b.url, "--served-model-name", "whisper-1",
-                         "--sglang-retry-after", "30")
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+    return start_server("--engine", "sglang", "--sglang-url", a.url, b.url, "--served-model-name", "whisper-1",
+                        "--sglang-retry-after", "30")
 
 
 def test_front_warms_every_backend_and_reports_them(front, standins):

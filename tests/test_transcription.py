@@ -8,8 +8,10 @@ import pytest
 
 from asr_service.transcription import TranscriptionOptions
 
-from bench.clips import all_clips, load_clip, reference
-from bench.textnorm import normalize
+from support.clips import all_clips, load_clip, reference
+from support.textnorm import normalize
+
+pytestmark = pytest.mark.model
 
 # Whisper base gets the language of these clips wrong (measured; see the issue notes):
 # Polish is heard as Czech/Portuguese, and two two-word greetings are too short to tell.

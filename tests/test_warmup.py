@@ -1,6 +1,9 @@
 """Warmup compiles each grammar variant once and drains a decode through each."""
 
+import pytest
 from warmup import run_warmup, variant_params
+
+pytestmark = pytest.mark.model
 
 
 async def test_warmup_compiles_every_variant_once(runtime):

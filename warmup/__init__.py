@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from adapters.base import TranscriptionAdapter
+from asr_service.engine.interface import Engine
+
 log = logging.getLogger(__name__)
 
 WARM_AUDIO_SECONDS = 0.5
@@ -41,11 +44,11 @@ def variant_params(adapter):
             yield f"{task}/{mode}/known-language", adapter.build_prompt(known, task, timestamps)
 
 
-async def run_warmup(adapter, engine) -> WarmupReport:
+async def run_warmup(adapter: TranscriptionAdapter, engine: Engine) -> WarmupReport:
     report = WarmupReport()
     start = time.perf_counter()
     silence = np.zeros(int(WARM_AUDIO_SECONDS * adapter.config.sample_rate), dtype=np.float32)
-    copies = getattr(engine, "backend_count", 1)
+    copies = engine.warm_copies
     for name, params in variant_params(adapter):  # building the params compiles the grammar
         t = time.perf_counter()
         streams = [engine.submit(silence, params) for _ in range(copies)]

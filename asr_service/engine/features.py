@@ -7,7 +7,8 @@ import functools
 import numpy as np
 import torch
 
-SAMPLE_RATE = 16000
+from ..pcm import SAMPLE_RATE
+
 N_FFT = 400
 HOP_LENGTH = 160
 CHUNK_SECONDS = 30

@@ -6,6 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+@dataclass(frozen=True, eq=False)
+class Constraint:
+    """A token-level constraint, as the adapter builds it: the elements of an xgrammar
+    structural-tag ``sequence`` (for engines that compile it themselves: SGLang) and their
+    compiled form (for the embedded engine's matcher). One value, two renderings of it."""
+
+    elements: tuple[dict, ...]
+    compiled: Any  # xgrammar.CompiledGrammar of exactly these elements
+
+
 @dataclass(frozen=True)
 class DecodeParams:
     """One sequence to decode over one audio window, as an adapter builds it.
@@ -16,20 +26,13 @@ class DecodeParams:
 
     prompt_ids: tuple[int, ...]
     eot_id: int
-    # xgrammar CompiledGrammar that every generated token must follow (None: unconstrained).
-    grammar: Any = None
-    # Regex rendering of the same constraint, for engines that only take a regex.
-    regex: str | None = None
-    # The same constraint as xgrammar structural-tag JSON, for engines that compile it themselves
-    # (SGLang): token-level, so as strict as ``grammar``.
-    structural_tag: str | None = None
+    # What every generated token must follow (None: unconstrained).
+    constraint: Constraint | None = None
     # The text part begins after the first of these tokens (in the prompt or generated);
     # the rules below apply only there.
     text_start_after_ids: frozenset[int] = frozenset()
-    suppress_ids: tuple[int, ...] = ()  # never in text
     blank_ids: tuple[int, ...] = ()  # not as the first text token
     timestamp_begin: int | None = None  # set: Whisper's timestamp rules apply to the text
-    max_initial_timestamp_index: int | None = 50  # first timestamp at most 1.0 s
     # Report the raw next-token probabilities of probe_ids at prompt position probe_index
     # (Whisper: language and no-speech probabilities at <|startoftranscript|>).
     probe_index: int = 0
@@ -64,6 +67,14 @@ class SequenceResult:
     # engine had no server that could finish it)
     finish_reason: str = ""
     error: str | None = None
+
+
+class UnsupportedDecode(ValueError):
+    """An engine cannot decode what the params ask for; ``param`` names the request field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class EngineUnavailable(RuntimeError):

@@ -1,9 +1,9 @@
 """Optional int8 dynamic quantization of the linear layers (CPU).
 
-On the 2-core machine this halves the encoder's time per 30 s window (0.72 s -> 0.38 s measured)
-and cuts the vocabulary projection of every decode step. Activations stay float; weights are
+It speeds up the encoder and the vocabulary projection of every decode step on the CPU (figures
+in docs/performance.md). Activations stay float; weights are
 int8 with one scale per output channel (fbgemm dynamic linear). Its WER cost is measured in
-bench/ (see the README). torch.ao.quantization is deprecated upstream in favour of torchao but
+bench/. torch.ao.quantization is deprecated upstream in favour of torchao but
 still ships in torch 2.x; it is used here because it needs nothing beyond torch.
 """
 

@@ -28,7 +28,8 @@ from ..chunking import split_audio
 from ..transcription import Transcriber, TranscriptionOptions
 from .input_audio import InputFormat
 from .stable_text import agreed, continuation, extension
-from .turn_detection import SAMPLE_RATE, TurnDetectionSettings, TurnDetector
+from ..pcm import SAMPLE_RATE
+from .turn_detection import TurnDetectionSettings, TurnDetector
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..pcm import SAMPLE_RATE
+
 FRAME = 512  # samples per Silero step at 16 kHz
-SAMPLE_RATE = 16000
 
 
 @dataclass(frozen=True)

@@ -69,18 +69,21 @@ class _StateCollector:
                                 ("realtime_sessions", "Open /v1/realtime sessions"),
                                 ("warmup_seconds", "Time the start-up warmup took")):
             yield GaugeMetricFamily(f"asr_{name}", help_text, value=state[name])
-        yield CounterMetricFamily("asr_decode_steps", "Engine decode steps", value=state["steps"])
         yield CounterMetricFamily("asr_decoded_tokens", "Tokens decoded (rate() gives tokens per second)",
                                   value=state["tokens"])
-        yield from _backend_families(state.get("backends") or [])
-        sizes = state["batch_sizes"]  # {batch size: steps}
-        buckets, running = [], 0
-        for bound in (1, 2, 4, 8, 16, 32, 64):
-            running = sum(count for size, count in sizes.items() if size <= bound)
-            buckets.append((str(bound), running))
-        buckets.append(("+Inf", sum(sizes.values())))
-        yield HistogramMetricFamily("asr_batch_size", "Sequences decoded together, per decode step", buckets=buckets,
-                                    sum_value=sum(size * count for size, count in sizes.items()))
+        yield from _backend_families(state["backends"] or [])
+        if state["steps"] is not None:  # the embedded engine's own loop (SGLang batches inside its servers)
+            yield CounterMetricFamily("asr_decode_steps", "Engine decode steps", value=state["steps"])
+            yield _batch_size_histogram(state["batch_sizes"])
+
+
+def _batch_size_histogram(sizes: dict[int, int]) -> HistogramMetricFamily:
+    """{batch size: steps} as a histogram of sequences decoded together per step."""
+    buckets = [(str(bound), sum(count for size, count in sizes.items() if size <= bound))
+               for bound in (1, 2, 4, 8, 16, 32, 64)]
+    buckets.append(("+Inf", sum(sizes.values())))
+    return HistogramMetricFamily("asr_batch_size", "Sequences decoded together, per decode step", buckets=buckets,
+                                 sum_value=sum(size * count for size, count in sizes.items()))
 
 
 def _backend_families(backends: list[dict]):

@@ -26,25 +26,9 @@ from ..realtime.session import Completed, RealtimeLimits, RealtimeSession, Sessi
 from ..runtime import Runtime
 from .gate import TRY_AGAIN_LATER, dialect_of, offered_subprotocol, refuse_websocket
 from .metrics import ServerMetrics
+from .state import ServerState
 
 log = logging.getLogger(__name__)
-
-
-class SessionSlots:
-    """The server-wide cap on concurrent realtime sessions."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.active = 0
-
-    def take(self) -> bool:
-        if self.active >= self.limit:
-            return False
-        self.active += 1
-        return True
-
-    def give_back(self) -> None:
-        self.active -= 1
 
 
 class RealtimeConnection:
@@ -216,17 +200,19 @@ class RealtimeConnection:
                 return
 
 
-async def realtime_endpoint(ws: WebSocket, runtime: Runtime | None, not_ready: str | None, slots: SessionSlots,
-                            limits: RealtimeLimits, model_name: str, metrics: ServerMetrics | None = None) -> None:
-    if runtime is None:
-        await refuse_websocket(ws, f"Service not ready: {not_ready}. Retry shortly.", "not_ready", TRY_AGAIN_LATER)
+async def realtime_endpoint(ws: WebSocket, state: ServerState) -> None:
+    if not state.ready:
+        await refuse_websocket(ws, f"Service not ready: {state.not_ready_reason}. Retry shortly.", "not_ready",
+                               TRY_AGAIN_LATER)
         return
+    slots = state.realtime_slots
     if not slots.take():
         await refuse_websocket(ws, f"Too many realtime sessions (limit {slots.limit}); retry later",
                                "too_many_sessions", TRY_AGAIN_LATER)
         return
     try:
-        await RealtimeConnection(ws, runtime, limits, model_name, metrics).serve()
+        await RealtimeConnection(ws, state.runtime, state.settings.realtime, state.settings.model_name,
+                                 state.metrics).serve()
     except Exception:
         log.exception("realtime session failed")
     finally:

@@ -8,7 +8,8 @@ import time
 import uuid
 from typing import AsyncIterator
 
-from ..streaming import StreamDone, StreamFailed, StreamItem, TextDelta
+from ..engine.params import EngineUnavailable
+from ..streaming import StreamDelta, StreamDone, StreamFailed, StreamItem
 from .errors import OpenAIError
 
 log = logging.getLogger(__name__)
@@ -23,11 +24,13 @@ def _failure(item: StreamFailed) -> dict:
 
 
 async def _guarded(items: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem]:
-    """Turn a failure inside the pipeline into one StreamFailed, so the client still gets an
-    error event and [DONE] instead of a cut connection."""
+    """Turn a failure inside the pipeline into one StreamFailed (a backend that failed: its own
+    code), so the client still gets an error event and [DONE] instead of a cut connection."""
     try:
         async for item in items:
             yield item
+    except EngineUnavailable as e:
+        yield StreamFailed(f"The decoding backend failed: {e}", code="backend_unavailable")
     except Exception as e:  # noqa: BLE001 - reported to the client, logged by the caller's logger
         log.exception("stream failed")
         yield StreamFailed(f"transcription failed: {type(e).__name__}: {e}", code="internal_error")
@@ -36,7 +39,7 @@ async def _guarded(items: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem
 async def openai_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict]:
     """``transcript.text.delta`` events, then ``transcript.text.done``, then ``[DONE]``."""
     async for item in _guarded(items):
-        if isinstance(item, TextDelta):
+        if isinstance(item, StreamDelta):
             yield _data({"type": "transcript.text.delta", "delta": item.text})
         elif isinstance(item, StreamFailed):
             yield _failure(item)
@@ -45,8 +48,9 @@ async def openai_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict]
             yield _data({
                 "type": "transcript.text.done",
                 "text": item.text,
-                "usage": {"type": "tokens", "input_tokens": item.prompt_tokens, "output_tokens": item.output_tokens,
-                          "total_tokens": item.prompt_tokens + item.output_tokens},
+                "usage": {"type": "tokens", "input_tokens": item.result.prompt_tokens,
+                          "output_tokens": item.result.output_tokens,
+                          "total_tokens": item.result.prompt_tokens + item.result.output_tokens},
             })
     yield {"data": "[DONE]"}
 
@@ -55,7 +59,7 @@ async def chunk_events(items: AsyncIterator[StreamItem], model: str, include_usa
     """vLLM/SGLang's ``transcription.chunk`` objects with ``choices[0].delta.content``."""
     base = {"id": f"trsc-{uuid.uuid4().hex}", "object": "transcription.chunk", "created": int(time.time()), "model": model}
     async for item in _guarded(items):
-        if isinstance(item, TextDelta):
+        if isinstance(item, StreamDelta):
             yield _data({**base, "choices": [{"delta": {"content": item.text}, "finish_reason": None, "stop_reason": None}]})
         elif isinstance(item, StreamFailed):
             yield _failure(item)
@@ -63,7 +67,8 @@ async def chunk_events(items: AsyncIterator[StreamItem], model: str, include_usa
         elif isinstance(item, StreamDone):
             yield _data({**base, "choices": [{"delta": {}, "finish_reason": "stop", "stop_reason": None}]})
             if include_usage:
+                result = item.result
                 yield _data({**base, "choices": [], "usage": {
-                    "prompt_tokens": item.prompt_tokens, "completion_tokens": item.output_tokens,
-                    "total_tokens": item.prompt_tokens + item.output_tokens}})
+                    "prompt_tokens": result.prompt_tokens, "completion_tokens": result.output_tokens,
+                    "total_tokens": result.prompt_tokens + result.output_tokens}})
     yield {"data": "[DONE]"}

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-from typing import TYPE_CHECKING, AsyncGenerator, AsyncIterator
+from typing import AsyncGenerator, AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -21,14 +20,12 @@ from starlette.background import BackgroundTask
 from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_audio
 from ..engine.params import EngineUnavailable
 from ..formats import render, to_json, to_verbose_json
-from ..streaming import StreamDone, StreamFailed, StreamItem, stream_transcription
+from ..streaming import StreamDone, StreamFailed, StreamItem, render_stream
 from .admission import Overloaded
 from .errors import OpenAIError
 from .request_form import TranscriptionRequest, parse_transcription_form
 from .sse import chunk_events, openai_events
-
-if TYPE_CHECKING:
-    from .app import ServerState
+from .state import ServerState
 
 FORM_OVERHEAD = 1024 * 1024  # multipart boundaries and the other fields, on top of the file
 
@@ -69,7 +66,7 @@ async def _read_request(request: Request, state: ServerState, task: str):
     except Exception as e:  # malformed multipart, wrong content type
         raise OpenAIError(400, f"Could not parse the request as multipart/form-data: {e}",
                           code="invalid_request") from None
-    req = parse_transcription_form(form, runtime.adapter, task)
+    req = parse_transcription_form(form, runtime.adapter, task, state.settings.detection)
     if req.file.size is not None and req.file.size > limit:
         raise OpenAIError(413, f"Upload of {req.file.size} bytes exceeds the limit of {limit} bytes",
                           param="file", code="file_too_large")
@@ -142,7 +139,7 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
     req, audio = await _read_request(request, state, task)
     refusal = runtime.transcriber.refusal(req.options)
     if refusal is not None:
-        raise OpenAIError(400, f"Not supported by this server's engine: {refusal}", param=getattr(refusal, "param", None),
+        raise OpenAIError(400, f"Not supported by this server's engine: {refusal}", param=refusal.param,
                           code="unsupported_by_engine")
     seconds = audio.shape[0] / runtime.adapter.config.sample_rate
     try:
@@ -154,8 +151,8 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
     if req.stream:
         async def items():
             try:
-                async for item in _with_deadline(stream_transcription(runtime.transcriber, audio, req.options),
-                                                 timeout):
+                events = runtime.transcriber.run(audio, req.options, streamed=True)
+                async for item in _with_deadline(render_stream(events), timeout):
                     if req.options.language is None and isinstance(item, StreamDone):
                         state.metrics.detection(item.result.language)
                     elif isinstance(item, StreamFailed) and item.code == "language_detection_failed":
@@ -169,10 +166,9 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
                   if req.stream_format == "chunk" else openai_events(items()))
         # The release also runs after the response, for a stream that never started.
         return EventSourceResponse(events, background=BackgroundTask(ticket.release))
-    options = dataclasses.replace(req.options, detection=state.settings.detection)
     try:
         async with asyncio.timeout(timeout):
-            result = await _until_disconnected(request, runtime.transcriber.transcribe(audio, options))
+            result = await _until_disconnected(request, runtime.transcriber.transcribe(audio, req.options))
     except TimeoutError:
         raise _timed_out(timeout) from None
     except EngineUnavailable as e:

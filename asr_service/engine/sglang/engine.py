@@ -19,8 +19,9 @@ import uuid
 import httpx
 import numpy as np
 
-from ..batch_engine import SequenceStream
-from ..params import DecodeParams, StepEvent
+from ..interface import EngineFigures
+from ..params import DecodeParams, StepEvent, UnsupportedDecode
+from ..stream import SequenceStream
 from . import wire
 from .backends import Backend, BackendPool
 
@@ -34,6 +35,8 @@ class BackendFailure(Exception):
 
 
 class SGLangEngine:
+    name = "sglang"
+
     def __init__(self, urls: list[str], decoder_start_id: int, connect_timeout_s: float = 5.0,
                  read_timeout_s: float = 120.0, retry_after_s: float = 2.0):
         self.pool = BackendPool(list(urls), retry_after=retry_after_s)
@@ -43,27 +46,22 @@ class SGLangEngine:
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()  # sequences and aborts in flight (strong references)
         self._active = 0
-        # The figures the embedded engine reports; steps and batch sizes live inside SGLang.
-        self.steps = 0
-        self.batch_sizes: dict[int, int] = {}
         self.tokens_total = 0
         self.submitted_total = 0
         self.cancelled_total = 0
         self.retried_total = 0  # sequences sent again after a server failed before any token
 
     @property
-    def active_count(self) -> int:
-        return self._active
+    def warm_copies(self) -> int:
+        return len(self.pool.backends)  # one warm decode per variant reaches each server
 
-    @property
-    def queued_count(self) -> int:
-        return 0  # SGLang queues; the front never holds a sequence back
+    def figures(self) -> EngineFigures:
+        # SGLang queues and batches inside its servers: the front never holds a sequence back.
+        return EngineFigures(active_sequences=self._active, queued_sequences=0,
+                             submitted_sequences=self.submitted_total, cancelled_sequences=self.cancelled_total,
+                             tokens=self.tokens_total, backends=self.pool.snapshot())
 
-    @property
-    def backend_count(self) -> int:
-        return len(self.pool.backends)
-
-    def refusal(self, params: DecodeParams) -> wire.UnsupportedDecode | None:
+    def refusal(self, params: DecodeParams) -> UnsupportedDecode | None:
         return wire.refusal(params, self.decoder_start_id)
 
     def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
@@ -82,7 +80,7 @@ class SGLangEngine:
             except RuntimeError:  # the loop is closed: nothing runs any more
                 pass
 
-        stream.on_cancel = cancel
+        stream.on_cancel = cancel  # a cancel aborts the remote decode at once
         return stream
 
     def shutdown(self) -> None:
@@ -172,7 +170,7 @@ class SGLangEngine:
                         result.token_ids.append(token)
                         result.logprobs.append(state.logprobs[position])
                         self.tokens_total += 1
-                        stream._emit(StepEvent(token, state.logprobs[position]))
+                        stream.emit(StepEvent(token, state.logprobs[position]))
                     if state.finish is not None:
                         break
         except httpx.HTTPError as e:
@@ -186,7 +184,7 @@ class SGLangEngine:
             if state.finish.get("matched") == params.eot_id and result.token_ids[-1:] != [params.eot_id]:
                 result.token_ids.append(params.eot_id)  # the end of text, as the embedded engine reports it
                 result.logprobs.append(0.0)
-                stream._emit(StepEvent(params.eot_id, 0.0))
+                stream.emit(StepEvent(params.eot_id, 0.0))
             return "stop", None
         if kind == "length":
             return "length", None
@@ -205,9 +203,7 @@ class SGLangEngine:
     def _finish(self, stream: SequenceStream, reason: str, error: str | None = None) -> None:
         if reason == "cancelled":
             self.cancelled_total += 1
-        stream.result.finish_reason = reason
-        stream.result.error = error
-        stream._emit(None)
+        stream.finish(reason, error)
 
 
 def _probabilities(logprobs: dict[int, float] | None) -> dict[int, float]:

@@ -13,10 +13,10 @@ here sends ``_detect_language`` and puts the prompt's remaining tokens into the 
 The constraint is a ``structural_tag`` (xgrammar's JSON format; SGLang hands the string to
 ``GrammarCompiler.compile_structural_tag``): the strictest form SGLang accepts, because it works
 on token ids. ``regex`` is matched on bytes, so the model could spell ``<|fr|>`` with ordinary
-tokens, and special tokens could slip into the text. The suppressed non-speech tokens are folded
-into the text part's ``exclude_tokens``, and with timestamps the text must open with a timestamp
-of at most 1 s, as Whisper's rules say. SGLang applies no logit rules, so the others are missing
-(no blank first token; paired timestamps that never go back); the adapter parses fail-strict.
+tokens, and special tokens could slip into the text. It is the adapter's own constraint, which
+keeps the suppressed non-speech tokens out of the text and opens timestamped text with a
+timestamp of at most 1 s. SGLang applies no logit rules, so Whisper's others are missing (no
+blank first token; paired timestamps that never go back); the adapter parses fail-strict.
 
 SGLang 0.5.22 and later refuse ``_detect_language`` on ``/generate``: a JSON contract check
 (``sglang/api/v1``) rejects unknown ``sampling_params`` keys with HTTP 400 "unknown field".
@@ -45,18 +45,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..params import DecodeParams
+from ...pcm import SAMPLE_RATE
+from ..params import DecodeParams, UnsupportedDecode
 
 DETECT_LANGUAGE_KEY = "_detect_language"  # SGLang's FUSED_AUTODETECT_FLAG
-SAMPLE_RATE = 16000
-
-
-class UnsupportedDecode(ValueError):
-    """The decode asks for something SGLang's /generate cannot carry; ``param`` names it."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
 
 
 def refusal(params: DecodeParams, decoder_start_id: int) -> UnsupportedDecode | None:
@@ -87,37 +79,12 @@ def wav_data_url(samples: np.ndarray) -> str:
 
 def constraint(params: DecodeParams) -> str:
     """The structural tag to send: the prompt's tokens after <|startoftranscript|> forced first,
-    then the adapter's own constraint, with the suppressed ids excluded from its text part."""
+    then the adapter's own constraint (which already carries Whisper's rules that a constraint
+    can say: see adapters/whisper_grammar.py)."""
     forced = [{"type": "token", "token": t} for t in params.prompt_ids[1:]]
-    if params.structural_tag:
-        tag = json.loads(params.structural_tag)
-        fmt = tag["format"]
-        elements = list(fmt["elements"]) if fmt.get("type") == "sequence" else [fmt]
-    else:
-        elements = [{"type": "any_tokens", "exclude_tokens": []}]
-    if params.suppress_ids and elements[-1].get("type") == "any_tokens":
-        text = dict(elements[-1])
-        text["exclude_tokens"] = sorted(set(text.get("exclude_tokens", [])) | set(params.suppress_ids))
-        elements[-1] = text
-    if params.timestamp_begin is not None and params.max_initial_timestamp_index is not None:
-        # Whisper's first timestamp rule as a constraint (SGLang applies no logit rules): the text
-        # opens with a timestamp no later than max_initial. The fused grammar allows any
-        # timestamp there; a known-language prompt has none yet.
-        first = params.timestamp_begin
-        initial = {"type": "or", "elements": [{"type": "token", "token": t}
-                                              for t in range(first, first + params.max_initial_timestamp_index + 1)]}
-        if len(elements) >= 2 and _only_tokens_from(elements[-2], first):
-            elements[-2] = initial
-        elif len(elements) == 1:
-            elements.insert(0, initial)
-    return json.dumps({"type": "structural_tag", "format": {"type": "sequence", "elements": forced + elements}},
+    rest = list(params.constraint.elements) if params.constraint is not None else [{"type": "any_tokens", "exclude_tokens": []}]
+    return json.dumps({"type": "structural_tag", "format": {"type": "sequence", "elements": forced + rest}},
                       separators=(",", ":"))
-
-
-def _only_tokens_from(element: dict, first: int) -> bool:
-    """An ``or`` of ``token`` elements, every one at or after ``first`` (the timestamp choice)."""
-    options = element.get("elements", []) if element.get("type") == "or" else []
-    return bool(options) and all(e.get("type") == "token" and e["token"] >= first for e in options)
 
 
 def generate_body(rid: str, samples: np.ndarray, params: DecodeParams) -> dict:

@@ -1,0 +1,47 @@
+"""The engine interface: what the pipeline, warmup and the server may ask of any engine.
+
+Two engines implement it: the embedded BatchEngine (decodes in this process) and SGLangEngine
+(sends each decode to SGLang servers). Callers use only these members.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .params import DecodeParams, UnsupportedDecode
+from .stream import SequenceStream
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    """What /health and /metrics report of an engine."""
+
+    active_sequences: int  # being decoded
+    queued_sequences: int  # submitted, waiting for a slot
+    submitted_sequences: int
+    cancelled_sequences: int
+    tokens: int  # decoded in total
+    steps: int | None = None  # decode steps run (the embedded engine; SGLang's are its own)
+    batch_sizes: dict[int, int] | None = None  # {sequences decoded together: steps} (embedded)
+    backends: list[dict] | None = None  # each SGLang server's state (SGLang)
+
+
+class Engine(Protocol):
+    name: str  # "embedded" or "sglang"
+    # How many decodes warmup sends per grammar variant, so every server behind it compiles each.
+    warm_copies: int
+
+    def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
+        """Start decoding one sequence over one audio window (call from the event loop).
+        Raises UnsupportedDecode for what ``refusal`` refuses."""
+
+    def refusal(self, params: DecodeParams) -> UnsupportedDecode | None:
+        """Why this engine cannot decode ``params`` (None: it can). Cheap: checked before any
+        work, so a request gets a 400 instead of a failure midway."""
+
+    def figures(self) -> EngineFigures: ...
+
+    def shutdown(self) -> None: ...

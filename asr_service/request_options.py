@@ -1,0 +1,170 @@
+"""The decode options a request may set, defined once for every entry point.
+
+The HTTP form (server/request_form.py) and the command line (cli.py) read the same table,
+under the same names (the CLI spells them as flags: ``top_p`` is ``--top-p``), and hand what
+they read to ``build_options``, which checks how options combine and makes the
+TranscriptionOptions. So every option exists in both, with one meaning and one set of checks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from adapters.base import TranscriptionAdapter, UnsupportedLanguageError
+
+from .fallback import QualityThresholds
+from .formats import TIMED_FORMATS
+from .transcription import TranscriptionOptions
+
+
+class OptionError(ValueError):
+    """A bad option value or combination; ``param`` names the field."""
+
+    def __init__(self, param: str, message: str, code: str = "invalid_value"):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the form field (lists arrive as ``name[]``); the CLI flag is --name with dashes
+    kind: type  # str, int, float, bool or list (of str)
+    help: str
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, text: str):
+        """The typed value of one text value (a list option takes one text per item)."""
+        if self.kind is str or self.kind is list:
+            return text
+        if self.kind is bool:
+            if text.lower() in ("true", "1"):
+                return True
+            if text.lower() in ("false", "0"):
+                return False
+            raise OptionError(self.name, f"{self.name} must be 'true' or 'false', got {text!r}")
+        try:
+            number = self.kind(text)
+        except ValueError:
+            raise OptionError(self.name, f"{self.name} must be {'an integer' if self.kind is int else 'a number'}, "
+                                         f"got {text!r}") from None
+        if not math.isfinite(number):  # float() takes "nan" and "inf"
+            raise OptionError(self.name, f"{self.name} must be a finite number, got {text!r}")
+        if (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
+            raise OptionError(self.name, f"{self.name} must be between {self.low} and {self.high}, got {number}")
+        return number
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("language", str, "ISO-639-1 code; absent: detected in the same decode as the text"),
+    Option("allowed_languages", list, "ISO-639-1 codes: detection chooses only among these"),
+    Option("prompt", str, "previous-text context for every chunk"),
+    Option("hotwords", str, "words to favour, given to the model as context"),
+    Option("temperature", float, "0: greedy (with fallback); above: sampling", 0.0, 1.0),
+    Option("top_k", int, "sampling: keep the k most likely tokens (0 or -1: off)", -1, 100000),
+    Option("top_p", float, "sampling: keep the smallest set of tokens with this much probability", 0.0, 1.0),
+    Option("seed", int, "sampling seed", 0, 2**63 - 1),
+    Option("max_completion_tokens", int, "tokens per 30 s window at most", 1, 100000),
+    Option("temperature_fallback", bool, "decode a window again hotter when it fails the thresholds (default true)"),
+    Option("compression_ratio_threshold", float, "above: a repetition loop (default 2.4)", 0.0, 1000.0),
+    Option("log_prob_threshold", float, "average log-probability below: unreliable (default -1.0)", -1000.0, 0.0),
+    Option("no_speech_threshold", float, "no-speech probability above (with low log-prob): silence (default 0.6)",
+           0.0, 1.0),
+    Option("vad_filter", bool, "skip windows the speech gate hears no speech in (default true)"),
+    Option("detect_language_per_chunk", bool, "each 30 s chunk keeps the language it detected"),
+    Option("condition_on_previous_text", bool, "condition each chunk on the text of the one before"),
+    Option("use_beam_search", bool, "beam search for the temperature-0 decode"),
+    Option("n", int, "beams with use_beam_search (default 5)", 1, 8),
+    Option("length_penalty", float, "beam ranking: ((5 + length) / 6) ** penalty (default: divide by length)",
+           0.0, 10.0),
+    Option("timestamp_granularities", list, "segment and/or word (word: verbose_json only)"),
+)
+
+
+def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, task: str, response_format: str,
+                  stream: bool = False, detection: str = "fused") -> TranscriptionOptions:
+    """TranscriptionOptions from parsed ``values`` (option name -> typed value; absent or None:
+    not given). Raises OptionError for a bad value or a combination that cannot apply."""
+    def given(name: str, default=None):
+        value = values.get(name)
+        return default if value is None else value
+
+    languages = {}
+    for name in ("language", "allowed_languages"):
+        codes = given(name)
+        try:
+            if isinstance(codes, list):
+                languages[name] = tuple(adapter.validate_language(c) for c in codes) or None
+            else:
+                languages[name] = adapter.validate_language(codes)
+        except UnsupportedLanguageError as e:
+            raise OptionError(name, str(e), code="unsupported_language") from None
+
+    granularities = list(given("timestamp_granularities", []))
+    for g in granularities:
+        if g not in ("segment", "word"):
+            raise OptionError("timestamp_granularities", f"Unknown timestamp granularity {g!r}; use 'segment' or 'word'")
+    word_timestamps = "word" in granularities
+    if granularities and response_format != "verbose_json":
+        raise OptionError("timestamp_granularities", "timestamp_granularities needs response_format 'verbose_json'",
+                          code="unsupported_value")
+    if word_timestamps and not adapter.supports_word_timestamps:
+        raise OptionError("timestamp_granularities", "This model cannot time words; use 'segment'",
+                          code="unsupported_value")
+
+    beams = given("n", 5) if given("use_beam_search", False) else 1  # faster-whisper's default beam size
+    fallback = given("temperature_fallback")
+    if stream:
+        _refuse_in_stream(beams, fallback, given("detect_language_per_chunk"))
+    defaults = QualityThresholds()
+    top_k = given("top_k")
+    return TranscriptionOptions(
+        task=task,
+        language=languages["language"],
+        candidate_languages=languages["allowed_languages"],
+        timestamps=response_format in TIMED_FORMATS,
+        previous_text=given("prompt"),
+        hotwords=given("hotwords"),
+        temperature=given("temperature", 0.0),
+        top_k=top_k if top_k and top_k > 0 else None,  # vLLM's -1 (or 0) means "off"
+        top_p=given("top_p"),
+        seed=given("seed"),
+        max_new_tokens=given("max_completion_tokens"),
+        thresholds=QualityThresholds(
+            compression_ratio=given("compression_ratio_threshold", defaults.compression_ratio),
+            log_prob=given("log_prob_threshold", defaults.log_prob),
+            no_speech=given("no_speech_threshold", defaults.no_speech),
+        ),
+        fallback_temperatures=TranscriptionOptions.fallback_temperatures if fallback in (None, True) else (),
+        detect_language_per_chunk=given("detect_language_per_chunk", False),
+        condition_on_previous_text=given("condition_on_previous_text", False),
+        vad_filter=given("vad_filter", True),
+        word_timestamps=word_timestamps,
+        beam_size=beams,
+        length_penalty=given("length_penalty"),
+        detection=detection,
+    )
+
+
+def _refuse_in_stream(beams: int, fallback: bool | None, per_chunk: bool | None) -> None:
+    """A stream shows text as it is decoded and cannot take it back: what would replace decoded
+    text cannot apply. Asked for explicitly, it is refused rather than ignored."""
+    if beams > 1:
+        raise OptionError("use_beam_search", "Beam search picks the best beam at the end; it cannot stream. "
+                                             "Use stream=false", code="unsupported_value")
+    if fallback is True:
+        raise OptionError("temperature_fallback", "A stream cannot retry a window hotter: its text was already "
+                                                  "sent. Use stream=false, or leave temperature_fallback unset",
+                          code="unsupported_value")
+    if per_chunk is False:
+        raise OptionError("detect_language_per_chunk", "A stream cannot re-decode chunks in the request's language: "
+                                                       "their text was already sent, so each chunk keeps the "
+                                                       "language it detected. Use stream=false",
+                          code="unsupported_value")

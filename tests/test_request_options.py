@@ -1,0 +1,69 @@
+"""One table of request options, read by the HTTP form and the CLI alike."""
+
+import io
+
+import pytest
+from starlette.datastructures import FormData, UploadFile
+
+from asr_service.cli import _option_values, _parser
+from asr_service.request_options import OPTIONS, OptionError, build_options
+from asr_service.server.request_form import parse_transcription_form
+
+pytestmark = pytest.mark.model  # the options are checked against the real model's adapter
+
+# A value for every option, as text (lists: one text per item).
+EVERY_OPTION = {
+    "language": "fr", "allowed_languages": ["fr", "en"], "prompt": "Bonjour.", "hotwords": "Blanqui",
+    "temperature": "0.3", "top_k": "40", "top_p": "0.9", "seed": "7", "max_completion_tokens": "100",
+    "temperature_fallback": "false", "compression_ratio_threshold": "2.0", "log_prob_threshold": "-0.5",
+    "no_speech_threshold": "0.5", "vad_filter": "false", "detect_language_per_chunk": "true",
+    "condition_on_previous_text": "true", "use_beam_search": "true", "n": "3", "length_penalty": "1.0",
+    "timestamp_granularities": ["word", "segment"],
+}
+
+
+def test_the_table_is_what_this_test_sets():
+    assert {o.name for o in OPTIONS} == set(EVERY_OPTION)
+
+
+def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
+    form = [("file", UploadFile(io.BytesIO(b""), filename="x.wav")), ("response_format", "verbose_json")]
+    argv = ["transcribe", "x.wav", "--response-format", "verbose_json"]
+    for option in OPTIONS:
+        value = EVERY_OPTION[option.name]
+        if option.kind is list:
+            form += [(f"{option.name}[]", v) for v in value]
+            argv += [option.flag, *value]
+        else:
+            form.append((option.name, value))
+            if option.kind is bool:
+                argv.append(option.flag if value == "true" else f"--no-{option.flag[2:]}")
+            else:
+                argv += [option.flag, value]
+    from_form = parse_transcription_form(FormData(form), adapter, "transcribe").options
+    from_cli = build_options(_option_values(_parser().parse_args(argv)), adapter, "transcribe", "verbose_json")
+    assert from_cli == from_form
+    assert from_form.candidate_languages == ("fr", "en") and from_form.hotwords == "Blanqui"
+    assert from_form.top_p == 0.9 and from_form.top_k == 40 and from_form.beam_size == 3
+    assert from_form.word_timestamps and from_form.condition_on_previous_text and not from_form.vad_filter
+    assert from_form.fallback_temperatures == () and from_form.thresholds.no_speech == 0.5
+
+
+def test_cli_shorthands_and_refusals(adapter):
+    args = _parser().parse_args(["transcribe", "x.wav", "--beam-size", "4", "--word-timestamps"])
+    options = build_options(_option_values(args), adapter, "transcribe", "verbose_json")
+    assert options.beam_size == 4 and options.word_timestamps
+    with pytest.raises(OptionError, match="verbose_json") as refused:
+        build_options(_option_values(args), adapter, "transcribe", "json")
+    assert refused.value.param == "timestamp_granularities"
+    with pytest.raises(SystemExit):  # argparse: "--top-p: top_p must be between 0.0 and 1.0, got 2.0"
+        _parser().parse_args(["transcribe", "x.wav", "--top-p", "2"])
+
+
+def test_what_a_stream_cannot_apply_is_refused(adapter):
+    for values, param in (({"temperature_fallback": True}, "temperature_fallback"),
+                          ({"use_beam_search": True}, "use_beam_search"),
+                          ({"detect_language_per_chunk": False}, "detect_language_per_chunk")):
+        with pytest.raises(OptionError) as refused:
+            build_options(values, adapter, "transcribe", "json", stream=True)
+        assert refused.value.param == param
