@@ -124,7 +124,7 @@ def contract_refusal(status: int, text: str) -> str | None:
     if status == 400 and DETECT_LANGUAGE_KEY in text and "unknown field" in text:
         return ("this SGLang server refuses the Whisper prompt key `_detect_language` on /generate (SGLang 0.5.22 "
                 "and later check sampling_params against a fixed schema); run SGLang 0.5.11 to 0.5.21 "
-                f"(see the README, Scaling out). Server said: {text[:300]}")
+                f"(see docs/scaling-out.md). Server said: {text[:300]}")
     return None
 
 
