@@ -27,6 +27,7 @@ from .chunking import AudioChunk, split_audio
 from .engine.features import HOP_LENGTH
 from .engine.interface import Engine
 from .engine.params import DecodeParams, SequenceResult, UnsupportedDecode, raise_if_failed
+from .engine.stream import SequenceStream
 from .fallback import (DecodeFigures, QualityThresholds, compression_ratio, is_silent, may_be_silent, needs_fallback,
                        pick_best)
 from .language_vote import is_outlier, vote
@@ -184,7 +185,7 @@ class Transcriber:
                 previous = self._context_after(outcome, previous, options)
             if not streamed:
                 await self._settle_language(outcomes, options)
-            yield Finished(self.assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate))
+            yield Finished(self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate))
         finally:  # finished, failed or abandoned: no decode of this request runs on
             for job in jobs:
                 job.task.cancel()
@@ -245,8 +246,8 @@ class Transcriber:
                             report: Callable[[str, str], None] | None) -> ChunkOutcome:
         """The chunk's kept decode. With ``report`` its text is shown as it grows, so it is
         never replaced: no temperature fallback."""
-        if not await self.hears_speech(chunk, options):
-            return self.no_speech_outcome(chunk)
+        if not await self._hears_speech(chunk, options):
+            return self._no_speech_outcome(chunk)
         language = options.language
         if language is None and options.detection == "two-stage":
             language = await two_stage.detect_language(self.engine, self.adapter, chunk, self.params_for(options),
@@ -284,9 +285,9 @@ class Transcriber:
                 await self._follow(stream, params, options, report)
         finally:
             stream.cancel()  # no-op when finished; frees the slot if the caller was cancelled
-        return self.outcome(chunk, params, stream.result, options)
+        return self._outcome(chunk, params, stream.result, options)
 
-    async def _follow(self, stream, params: DecodeParams, options: TranscriptionOptions,
+    async def _follow(self, stream: SequenceStream, params: DecodeParams, options: TranscriptionOptions,
                       report: Callable[[str, str], None]) -> None:
         """Drain the decode, reporting its visible text each time it grows once the forced
         prefix has parsed. A window the probe says may hold no speech reports nothing: its text
@@ -309,18 +310,18 @@ class Transcriber:
             if not failed:
                 report(adapter.decode_text(tokens[body:]), joiner)
 
-    async def hears_speech(self, chunk: AudioChunk, options: TranscriptionOptions) -> bool:
+    async def _hears_speech(self, chunk: AudioChunk, options: TranscriptionOptions) -> bool:
         if self.gate is None or not options.vad_filter:
             return True
         return await asyncio.to_thread(self.gate.has_speech, chunk.samples)  # CPU work: off the event loop
 
     @staticmethod
-    def no_speech_outcome(chunk: AudioChunk) -> ChunkOutcome:
+    def _no_speech_outcome(chunk: AudioChunk) -> ChunkOutcome:
         figures = DecodeFigures(temperature=0.0, avg_logprob=0.0, compression_ratio=0.0, no_speech_prob=None,
                                 parsed=True, speech_found=False)
         return ChunkOutcome(chunk, None, SequenceResult(finish_reason="no_speech"), {}, ParsedOutput(None, ""), figures)
 
-    def outcome(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult,
+    def _outcome(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult,
                 options: TranscriptionOptions) -> ChunkOutcome:
         raise_if_failed(result)
         adapter = self.adapter
@@ -390,7 +391,7 @@ class Transcriber:
         timed = word_times(pieces, np.concatenate([rows, end_row], axis=1), outcome.chunk.duration)
         return [replace(w, word=w.word.strip()) for w in timed if w.word.strip()]
 
-    def assemble(self, outcomes: list[ChunkOutcome], options: TranscriptionOptions, duration: float) -> TranscriptionResult:
+    def _assemble(self, outcomes: list[ChunkOutcome], options: TranscriptionOptions, duration: float) -> TranscriptionResult:
         adapter = self.adapter
         segments: list[Segment] = []
         words: list[Word] = []

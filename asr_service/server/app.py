@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
@@ -24,8 +23,6 @@ from .realtime_ws import realtime_endpoint
 from .request_log import RequestLog
 from .state import ServerSettings, ServerState, backend_status
 from .transcription_endpoint import handle_transcription
-
-log = logging.getLogger(__name__)
 
 PAGE_DIR = Path(__file__).parent / "page"
 

@@ -20,6 +20,9 @@ from ..transcription import TranscriptionOptions
 from .errors import OpenAIError
 
 STREAM_FORMATS = ("openai", "chunk")
+# Fields of the HTTP response rather than of the decode: the form alone has them.
+OPTION_STREAM = Option("stream", bool, "stream text events")
+OPTION_INCLUDE_USAGE = Option("stream_include_usage", bool, "a usage chunk at the end")
 
 
 @dataclass
@@ -96,8 +99,3 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
     return TranscriptionRequest(file=file, model=_text(form, "model"), response_format=response_format,
                                 options=options, stream=stream, stream_format=stream_format,
                                 stream_include_usage=include_usage)
-
-
-# Fields of the HTTP response rather than of the decode: the form alone has them.
-OPTION_STREAM = Option("stream", bool, "stream text events")
-OPTION_INCLUDE_USAGE = Option("stream_include_usage", bool, "a usage chunk at the end")
