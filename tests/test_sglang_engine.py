@@ -21,9 +21,8 @@ import openai
 import pytest
 import soundfile as sf
 
-from asr_service.engine.params import EngineUnavailable
+from asr_service.engine.params import EngineUnavailable, UnsupportedDecode
 from asr_service.engine.sglang import SGLangEngine
-from asr_service.engine.sglang.wire import UnsupportedDecode
 from asr_service.transcription import Transcriber, TranscriptionOptions
 from support.clips import clip_path, load_clip
 from tests.sglang_standin import SGLangStandIn
