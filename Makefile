@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test fuzz load-test serve transcribe bench bench-quick clean
+.PHONY: install test fuzz load-test serve transcribe bench bench-quick bench-long speech-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,18 @@ bench: $(BENCH_STAMP)
 
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick
+
+# The long-form workload is synthesized with Debian's Festival voices and espeak-ng (as root,
+# like chromium for the tests): bench/dialogue.py, scored by bench/long_audio.py.
+SPEECH_VOICES := /usr/share/festival/voices/us/cmu_us_slt_arctic_hts /usr/share/festival/voices/english/kal_diphone \
+	/usr/share/festival/voices/english/ked_diphone
+speech-tools:
+	@command -v espeak-ng >/dev/null && ls -d $(SPEECH_VOICES) >/dev/null 2>&1 || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq festival festvox-us-slt-hts \
+		festvox-kallpc16k festvox-kdlpc16k espeak-ng >/dev/null; }
+
+bench-long: $(BENCH_STAMP) speech-tools
+	$(BIN)/python -m bench.long_audio
 
 clean:
 	rm -rf $(VENV) build *.egg-info

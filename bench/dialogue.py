@@ -1,0 +1,138 @@
+"""A long-form workload with real structure, and its truth.
+
+Several minutes of a four-voice conversation made with Debian's speech synthesizers (Festival's
+``cmu_us_slt_arctic_hts``, ``kal_diphone`` and ``ked_diphone`` voices, and espeak-ng), with a
+15 s silence before the first word, pauses of 0.3 to 1.6 s between turns, one 8 s silence, and
+turns long enough that speech runs across 30 s marks. A second copy has background noise.
+The truth keeps every utterance's text, speaker, start and end (seconds, to the sample).
+
+Needs ``festival``, ``festvox-us-slt-hts``, ``festvox-kallpc16k``, ``festvox-kdlpc16k`` and
+``espeak-ng`` (``make bench-long`` installs them as root).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from asr_service.audio import AudioLimits, decode_audio
+from asr_service.pcm import SAMPLE_RATE
+
+VOICES = {
+    "A": ["text2wave", "-eval", "(voice_cmu_us_slt_arctic_hts)"],
+    "B": ["text2wave", "-eval", "(voice_kal_diphone)"],
+    "C": ["text2wave", "-eval", "(voice_ked_diphone)"],
+    "D": ["espeak-ng", "-v", "en-us+f3", "-s", "165"],
+}
+
+SCRIPT = [
+    ("A", "Good morning everyone, thanks for joining the planning call for the river survey."),
+    ("B", "Morning. I have the equipment list open in front of me."),
+    ("C", "Before we start, can someone confirm the date of the first field trip?"),
+    ("A", "The first trip is on the twelfth of March, and we leave from the north gate at seven."),
+    ("D", "That works for me. I will bring the water samplers and the spare batteries."),
+    ("B", "We also need more water for the long walk to the second station, at least four litres "
+          "per person, because last year we ran out before noon and had to turn back early."),
+    ("C", "Agreed. I will check the weather forecast on Monday and send it to the whole group."),
+    ("A", "Next item is the boat. The rental company wants a deposit of two hundred dollars, and "
+          "they need the names of everyone who will be on board, together with a phone number "
+          "that works in the valley, where the signal is weak and calls often drop."),
+    ("D", "I can collect the names today."),
+    ("B", "Please add my brother as well, he wants to help with the heavy cases."),
+    ("C", "Fine. What about the permits from the park office?"),
+    ("A", "They arrived yesterday. There are three of them, one for each station."),
+    ("D", "Where should we keep the paper copies?"),
+    ("A", "In the red folder, inside the dry bag, so they survive the rain."),
+    ("B", "Let us take a short break and continue in a few seconds."),
+    ("C", "We are back. The last topic is the report, which is due at the end of April, and the "
+          "editor asked for shorter chapters, more photographs of the sampling sites, and a clear "
+          "table of every measurement with its time and the name of the person who took it."),
+    ("D", "I will draft the chapter on water quality."),
+    ("B", "Then I take the chapter on the fish counts and the map of the river bed."),
+    ("A", "Good. Send the drafts to me by the first of April, and I will put them together."),
+    ("C", "One more question. Do we need a second car for the trip to the lake?"),
+    ("D", "Yes, the van only has seven seats, and we are nine people with all the equipment."),
+    ("B", "My neighbour can lend us his car for the weekend if we return it with a full tank."),
+    ("A", "Perfect. Thank you all, that was a useful meeting. See you on the twelfth."),
+    ("C", "Goodbye and safe travels."),
+]
+
+LEAD_IN_SECONDS = 15.0
+LONG_SILENCE_SECONDS = 8.0
+LONG_SILENCE_AFTER = 14  # the index of the turn after which the long silence comes
+NOISE_SNR_DB = 15.0
+
+
+@dataclass(frozen=True)
+class Utterance:
+    speaker: str
+    text: str
+    start: float
+    end: float
+
+
+def _synthesize(speaker: str, text: str, workdir: Path) -> np.ndarray:
+    out = workdir / "turn.wav"
+    command = VOICES[speaker]
+    if command[0] == "text2wave":
+        subprocess.run([*command, "-o", str(out)], input=text, text=True, check=True, capture_output=True)
+    else:
+        subprocess.run([*command, "-w", str(out), text], check=True, capture_output=True)
+    audio = decode_audio(out.read_bytes(), AudioLimits())  # PyAV: mono, 16 kHz
+    peak = float(np.abs(audio).max()) or 1.0
+    return (audio / peak * 0.5).astype(np.float32)  # the voices come at very different levels
+
+
+def build(seed: int = 0) -> tuple[np.ndarray, list[Utterance]]:
+    """The clean conversation and its truth."""
+    rng = np.random.default_rng(seed)
+    pieces = [np.zeros(int(LEAD_IN_SECONDS * SAMPLE_RATE), dtype=np.float32)]
+    position = pieces[0].shape[0]
+    truth: list[Utterance] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (speaker, text) in enumerate(SCRIPT):
+            speech = _synthesize(speaker, text, Path(tmp))
+            truth.append(Utterance(speaker, text, position / SAMPLE_RATE, (position + speech.shape[0]) / SAMPLE_RATE))
+            pause = LONG_SILENCE_SECONDS if i == LONG_SILENCE_AFTER else float(rng.uniform(0.3, 1.6))
+            gap = np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32)
+            pieces += [speech, gap]
+            position += speech.shape[0] + gap.shape[0]
+    return np.concatenate(pieces), truth
+
+
+def with_noise(audio: np.ndarray, snr_db: float = NOISE_SNR_DB, seed: int = 1) -> np.ndarray:
+    """White noise over the whole file (silences too) at ``snr_db`` below the speech's power."""
+    speech_power = float(np.mean(audio[np.abs(audio) > 1e-4] ** 2))
+    noise = np.random.default_rng(seed).standard_normal(audio.shape[0]).astype(np.float32)
+    return (audio + noise * np.sqrt(speech_power / 10 ** (snr_db / 10))).astype(np.float32)
+
+
+def crossings(truth: list[Utterance], window: float = 30.0) -> int:
+    """Utterances that run across a multiple of ``window`` seconds (a fixed window seam)."""
+    return sum(int(u.start // window) != int(u.end // window) for u in truth)
+
+
+def write(directory: Path) -> dict[str, Path]:
+    """clean.wav, noisy.wav and truth.json in ``directory``; returns their paths."""
+    import soundfile as sf
+
+    directory.mkdir(parents=True, exist_ok=True)
+    audio, truth = build()
+    paths = {"clean": directory / "clean.wav", "noisy": directory / "noisy.wav", "truth": directory / "truth.json"}
+    sf.write(paths["clean"], audio, SAMPLE_RATE, subtype="PCM_16")
+    sf.write(paths["noisy"], np.clip(with_noise(audio), -1, 1), SAMPLE_RATE, subtype="PCM_16")
+    paths["truth"].write_text(json.dumps({"seconds": audio.shape[0] / SAMPLE_RATE,
+                                          "utterances": [asdict(u) for u in truth]}, indent=1))
+    return paths
+
+
+if __name__ == "__main__":
+    made = write(Path("bench/results/dialogue"))
+    truth = json.loads(made["truth"].read_text())
+    utterances = [Utterance(**u) for u in truth["utterances"]]
+    print(f"{truth['seconds']:.1f} s, {len(utterances)} utterances, {crossings(utterances)} across a 30 s mark")
