@@ -46,6 +46,29 @@ def find_cut(audio: np.ndarray, start: int, limit: int, search: int, window: int
     return first + quietest * window + window // 2
 
 
+def speech_windows(audio: np.ndarray, regions: list[tuple[int, int]], sample_rate: int = 16000,
+                   max_seconds: float = 30.0, max_gap_seconds: float = 1.0) -> list[AudioChunk]:
+    """Windows of at most ``max_seconds`` that hold the speech ``regions`` (sorted, padded
+    sample ranges) and start and end where speech pauses: consecutive regions share a window
+    while it fits and the silence between them is under ``max_gap_seconds`` (Whisper tends to
+    end its decode at a long silence and leave the speech after it undecoded). The silence
+    between windows is not decoded at all. Only a region longer than ``max_seconds`` (speech
+    with no pause) is cut inside, at its quiet points (split_audio)."""
+    max_len = int(max_seconds * sample_rate)
+    max_gap = int(max_gap_seconds * sample_rate)
+    spans: list[list[int]] = []
+    for start, end in regions:
+        if spans and end - spans[-1][0] <= max_len and start - spans[-1][1] < max_gap:
+            spans[-1][1] = end
+        else:
+            spans.append([start, end])
+    windows: list[AudioChunk] = []
+    for start, end in spans:
+        windows += [AudioChunk(start + c.start_sample, c.samples, sample_rate)
+                    for c in split_audio(audio[start:end], sample_rate, max_seconds)]
+    return windows
+
+
 def split_audio(
     audio: np.ndarray,
     sample_rate: int = 16000,

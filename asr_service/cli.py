@@ -202,7 +202,15 @@ async def _transcribe_files(args, runtime) -> int:
     async def one(i, audio):
         if isinstance(audio, Exception):
             return audio
-        result = await runtime.transcriber.transcribe(audio, options, on_chunk_done=progress)
+        decoded = []  # the windows done; the silence between them is skipped, not decoded
+
+        def chunk_done(chunk) -> None:
+            decoded.append(chunk.duration)
+            progress.advance(chunk.duration)
+
+        result = await runtime.transcriber.transcribe(audio, options, on_chunk_done=chunk_done if progress else None)
+        if progress:
+            progress.advance(audio.shape[0] / runtime.adapter.config.sample_rate - sum(decoded))
         if outputs is not None:  # written as soon as it is done: a killed batch keeps it
             write_atomically(outputs[i], render(result, args.response_format))
         return result
@@ -238,8 +246,8 @@ class _ChunkProgress:
 
         self._bar = tqdm(total=round(total_seconds, 1), unit="s audio", file=sys.stderr)
 
-    def __call__(self, chunk) -> None:
-        self._bar.update(round(chunk.duration, 1))
+    def advance(self, seconds: float) -> None:
+        self._bar.update(round(seconds, 1))
 
     def close(self) -> None:
         self._bar.close()

@@ -10,6 +10,7 @@ are scanned to the end, which then skip the Whisper decode entirely.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import warnings
@@ -40,11 +41,25 @@ class SpeechGate:
         with self._lock:
             return copy.deepcopy(self._model)
 
+    def speech_regions(self, samples: np.ndarray, min_silence_seconds: float = 0.5,
+                       pad_seconds: float = 0.4) -> list[tuple[int, int]]:
+        """Where the speech is: (start, end) sample ranges, padded, found by Silero's own
+        ``get_speech_timestamps`` (pauses shorter than ``min_silence_seconds`` stay inside)."""
+        from silero_vad import get_speech_timestamps
+
+        audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+        with self._lock, torch.inference_mode(), _one_thread():
+            found = get_speech_timestamps(audio, self._model, threshold=self.threshold, sampling_rate=SAMPLE_RATE,
+                                          min_speech_duration_ms=round(self._min_frames * FRAME * 1000 / SAMPLE_RATE),
+                                          min_silence_duration_ms=round(min_silence_seconds * 1000),
+                                          speech_pad_ms=round(pad_seconds * 1000))
+        return [(int(r["start"]), int(r["end"])) for r in found]
+
     def has_speech(self, samples: np.ndarray) -> bool:
         """True once ``min_speech_seconds`` of consecutive frames score above the threshold."""
         audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
         run = 0
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), _one_thread():
             self._model.reset_states()
             for start in range(0, audio.shape[0] - FRAME + 1, FRAME):
                 if float(self._model(audio[start : start + FRAME], SAMPLE_RATE)) >= self.threshold:
@@ -54,3 +69,16 @@ class SpeechGate:
                 else:
                     run = 0
         return False
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Run Silero's small per-frame ops on the calling thread alone. Called from a worker thread
+    (asyncio.to_thread), torch otherwise starts a second thread team next to the engine's and
+    the scan runs several times slower; the setting is the calling thread's, and is restored."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -23,7 +23,7 @@ import numpy as np
 from adapters.base import ParsedOutput, TranscriptionAdapter
 
 from . import two_stage
-from .chunking import AudioChunk, split_audio
+from .chunking import AudioChunk, speech_windows, split_audio
 from .engine.features import HOP_LENGTH
 from .engine.interface import Engine
 from .engine.params import DecodeParams, SequenceResult, UnsupportedDecode, raise_if_failed
@@ -166,7 +166,7 @@ class Transcriber:
                   on_chunk_done: Callable[[AudioChunk], None] | None = None) -> AsyncIterator[PipelineEvent]:
         """The events of one request, in chunk order (see the module docstring). Closing the
         generator early cancels every decode still running."""
-        chunks = self.chunks(audio)
+        chunks = await self.windows(audio, options)
         conditioned = options.condition_on_previous_text
         jobs = [] if conditioned else [self._start(i, c, options, None, streamed, on_chunk_done)
                                        for i, c in enumerate(chunks)]
@@ -199,11 +199,17 @@ class Transcriber:
         return self.engine.refusal(self.params_for(options, previous_text=previous))
 
     # ---- prompts ----
-    def chunks(self, audio: np.ndarray) -> list[AudioChunk]:
+    async def windows(self, audio: np.ndarray, options: TranscriptionOptions) -> list[AudioChunk]:
+        """The windows to decode. Audio longer than one window, with the speech gate on, is cut
+        where the VAD hears speech pause, and the silence between windows is skipped (nothing
+        to invent there); otherwise fixed windows cut at quiet points."""
         cfg = self.adapter.config
         if not cfg.chunking:
             return [AudioChunk(0, audio[: int(cfg.max_clip_seconds * cfg.sample_rate)], cfg.sample_rate)]
-        return split_audio(audio, cfg.sample_rate, cfg.max_clip_seconds)
+        if self.gate is None or not options.vad_filter or audio.shape[0] <= cfg.max_clip_seconds * cfg.sample_rate:
+            return split_audio(audio, cfg.sample_rate, cfg.max_clip_seconds)
+        regions = await asyncio.to_thread(self.gate.speech_regions, audio)  # CPU work: off the event loop
+        return speech_windows(audio, regions, cfg.sample_rate, cfg.max_clip_seconds)
 
     def params_for(self, options: TranscriptionOptions, language: str | None = None,
                    previous_text: str | None = None) -> DecodeParams:
@@ -405,8 +411,9 @@ class Transcriber:
             if is_silent(figures, options.thresholds):
                 continue  # no speech: no invented text
             for s in parsed.segments:
-                start = chunk.start + (s.start or 0.0)
-                end = chunk.start + s.end if s.end is not None else chunk.end
+                # Whisper may time an end inside the window's zero padding: the audio ends earlier.
+                end = min(chunk.start + s.end, chunk.end) if s.end is not None else chunk.end
+                start = min(chunk.start + (s.start or 0.0), end)
                 segments.append(Segment(
                     id=len(segments), seek=chunk.start_sample // HOP_LENGTH, start=round(start, 3),
                     end=round(max(end, start), 3), text=s.text, tokens=s.token_ids,

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from asr_service.chunking import split_audio
+from asr_service.chunking import speech_windows, split_audio
 
 pytestmark = pytest.mark.unit
 
@@ -41,3 +41,34 @@ def test_cut_at_a_quiet_spot_inside_the_last_second():
     for a, b in zip(chunks, chunks[1:]):
         assert a.start_sample + a.samples.shape[0] == b.start_sample
     assert all(c.duration <= 30.0 for c in chunks)
+
+
+def _spans(windows):
+    return [(w.start_sample / SR, (w.start_sample + w.samples.shape[0]) / SR) for w in windows]
+
+
+def test_speech_windows_pack_regions_and_skip_the_silence_between():
+    audio = noise(120)
+    s = lambda a, b: (int(a * SR), int(b * SR))  # noqa: E731 - seconds to samples
+    # Turns with short pauses, a long silence, then more turns.
+    regions = [s(15, 20), s(20.5, 27), s(27.6, 40), s(40.5, 46), s(60, 65), s(65.4, 70)]
+    windows = speech_windows(audio, regions)
+    assert _spans(windows) == [(15, 40), (40.5, 46), (60, 70)]  # each <= 30 s, cut between turns
+    assert all(np.array_equal(w.samples, audio[w.start_sample : w.start_sample + w.samples.shape[0]]) for w in windows)
+
+
+def test_a_long_pause_ends_a_window_even_when_more_would_fit():
+    regions = [(0, 5 * SR), (int(6.5 * SR), 10 * SR), (12 * SR, 15 * SR)]
+    assert _spans(speech_windows(noise(20), regions)) == [(0, 5), (6.5, 10), (12, 15)]
+    assert _spans(speech_windows(noise(20), regions, max_gap_seconds=3.0)) == [(0, 15)]
+
+
+def test_speech_with_no_pause_is_cut_inside_at_a_quiet_point():
+    audio = noise(80)
+    audio[50 * SR - 1600 : 50 * SR] = 0.0  # the quiet 100 ms before the 30 s limit of a window opening at 20 s
+    windows = speech_windows(audio, [(20 * SR, 75 * SR)])
+    assert len(windows) == 2 and windows[0].start_sample == 20 * SR
+    assert windows[1].start_sample == 50 * SR - 800
+    assert windows[1].start_sample + windows[1].samples.shape[0] == 75 * SR
+    assert speech_windows(audio, []) == []
+

@@ -7,6 +7,7 @@ import jiwer
 import numpy as np
 import pytest
 
+from asr_service.chunking import AudioChunk
 from asr_service.fallback import QualityThresholds
 from asr_service.transcription import TranscriptionOptions
 
@@ -94,10 +95,11 @@ async def test_no_speech_gives_no_invented_text(runtime, kind, timestamps):
 async def test_speech_after_silence_is_kept(runtime):
     audio = np.concatenate([np.zeros(35 * SR, np.float32), load_clip("en", "quick_brown_fox")])
     result, decodes = await _count_decodes(runtime, audio, TranscriptionOptions(timestamps=True))
-    assert decodes == 1  # the silent window was not decoded at all
+    assert decodes == 1  # the silence was not decoded at all
     assert result.text == "The quick brown fox jumps over the lazy dog."
-    second = runtime.transcriber.chunks(audio)[1]
-    assert all(s.start >= second.start for s in result.segments), [(s.start, s.text) for s in result.segments]
+    windows = await runtime.transcriber.windows(audio, TranscriptionOptions(timestamps=True))
+    assert len(windows) == 1 and 34.0 <= windows[0].start <= 35.0  # the window opens where speech does
+    assert all(s.start >= 34.5 for s in result.segments), [(s.start, s.text) for s in result.segments]
 
 
 async def test_without_the_speech_gate_the_no_speech_rule_still_applies(runtime):
@@ -118,7 +120,7 @@ def _spanish_then(last_window: np.ndarray) -> np.ndarray:
 async def test_a_low_confidence_outlier_chunk_is_decoded_again_with_the_files_language(runtime):
     # Whisper base hears this two-word Italian greeting as French, with low confidence.
     audio = _spanish_then(_window(("it", "ciao_mondo"), seconds=5.0))
-    assert len(runtime.transcriber.chunks(audio)) == 3
+    assert len(await runtime.transcriber.windows(audio, TranscriptionOptions())) == 3
     voted, decodes = await _count_decodes(runtime, audio, replace_options(timestamps=True))
     assert voted.language == "es"
     assert {s.language for s in voted.segments} == {"es"}
@@ -246,10 +248,10 @@ async def test_word_times_across_chunks_carry_true_offsets(runtime):
     audio = np.concatenate([_window(*en), _window(*en[::-1])])
     result = await runtime.transcriber.transcribe(audio, TranscriptionOptions(word_timestamps=True, timestamps=True))
     _assert_plausible(result.words, result.duration)
-    second = runtime.transcriber.chunks(audio)[1].start
-    late = [w for w in result.words if w.start >= second]
-    assert late and late[0].word.lower().startswith("hello")  # the second window opens with it, 1 s in
-    assert second + 0.5 <= late[0].start <= second + 1.6
+    # The second half of the audio starts at 29.5 s, and "hello" 1 s into it (at 30.5 s).
+    late = [w for w in result.words if w.start >= 29.5]
+    assert late and late[0].word.lower().startswith("hello")
+    assert 30.0 <= late[0].start <= 31.1
 
 
 async def test_word_times_in_a_language_without_spaces(runtime):
@@ -276,7 +278,7 @@ async def greedy_and_beam(runtime):
     for beams in (1, 5):
         options = TranscriptionOptions(beam_size=beams, fallback_temperatures=())
         params = t.params_for(options)
-        out[beams] = await asyncio.gather(*(t._decode(t.chunks(load_clip(*c))[0], params, options) for c in clips))
+        out[beams] = await asyncio.gather(*(t._decode(AudioChunk(0, load_clip(*c), 16000), params, options) for c in clips))
     return clips, out[1], out[5]
 
 
