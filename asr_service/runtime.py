@@ -78,7 +78,6 @@ def _check_choices(engine: str, sglang_urls, device: str, quantize: str | None) 
 def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
     s = settings
     device = _check_choices(s.engine, s.sglang_urls, s.device or default_device(), s.quantize)
-    quantize = s.quantize
     loaded = load_model(s.model, weights=s.engine == "embedded")
     adapter = WhisperAdapter.from_loaded(loaded)
     if s.engine == "sglang":
@@ -92,9 +91,9 @@ def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
         # Half precision on the GPU, as openai/whisper and faster-whisper decode there by default:
         # it halves the memory traffic that bounds each decode step.
         loaded.model.to(device="cuda", dtype=torch.float16)
-    elif quantize == "bf16":
+    elif s.quantize == "bf16":
         encoder_dtype = torch.bfloat16
-    elif quantize == "int8":
+    elif s.quantize == "int8":
         from .engine.quantize import quantize_int8
 
         quantize_int8(loaded.model)

@@ -132,7 +132,8 @@ def write(directory: Path) -> dict[str, Path]:
 
 
 if __name__ == "__main__":
-    made = write(Path("bench/results/dialogue"))
+    made = write(Path(tempfile.gettempdir()) / "asr-dialogue")  # wav files: not for bench/results
+    print(f"written to {made['clean'].parent}")
     truth = json.loads(made["truth"].read_text())
     utterances = [Utterance(**u) for u in truth["utterances"]]
     print(f"{truth['seconds']:.1f} s, {len(utterances)} utterances, {crossings(utterances)} across a 30 s mark")
