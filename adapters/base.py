@@ -51,6 +51,9 @@ class ParsedOutput:
     failure: str | None = None
     # How many generated tokens were the forced prefix (not text): 0 when the prompt held it.
     prefix_length: int = 0
+    # The output ended on an opening timestamp with no text after it: Whisper's sign that speech
+    # goes on past what it transcribed, from this time (seconds into the window) on.
+    continues_at: float | None = None
 
 
 class TranscriptionAdapter(ABC):

@@ -158,7 +158,8 @@ class WhisperAdapter(TranscriptionAdapter):
             # Text with no closing timestamp (or no timestamps at all): end unknown here.
             segments.append(ParsedSegment(start, None, tok.decode(current), current))
         text = "".join(s.text for s in segments).strip()
-        return ParsedOutput(language, text, segments)
+        continues_at = start if start is not None and not current else None
+        return ParsedOutput(language, text, segments, continues_at=continues_at)
 
     def split_words(self, token_ids: list[int], language: str | None) -> list[tuple[str, int]]:
         """(word, number of tokens) covering ``token_ids`` in order. Tokens are first grouped

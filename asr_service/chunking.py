@@ -46,6 +46,18 @@ def find_cut(audio: np.ndarray, start: int, limit: int, search: int, window: int
     return first + quietest * window + window // 2
 
 
+def pad_regions(regions: list[tuple[int, int]], pad: int, length: int) -> list[tuple[int, int]]:
+    """Speech regions (sorted sample ranges) widened by ``pad`` samples on each side, within the
+    audio; where two are closer than twice that, each takes half the silence between them
+    (Silero's own rule for its padding)."""
+    out = []
+    for i, (start, end) in enumerate(regions):
+        before = (regions[i - 1][1] + start) // 2 if i else 0
+        after = (end + regions[i + 1][0]) // 2 if i + 1 < len(regions) else length
+        out.append((max(start - pad, before), min(end + pad, after)))
+    return out
+
+
 def speech_windows(audio: np.ndarray, regions: list[tuple[int, int]], sample_rate: int = 16000,
                    max_seconds: float = 30.0, max_gap_seconds: float = 1.0) -> list[AudioChunk]:
     """Windows of at most ``max_seconds`` that hold the speech ``regions`` (sorted, padded

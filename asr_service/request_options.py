@@ -8,14 +8,16 @@ TranscriptionOptions. So every option exists in both, with one meaning and one s
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from adapters.base import TranscriptionAdapter, UnsupportedLanguageError
 
 from .fallback import QualityThresholds
 from .formats import TIMED_FORMATS
+from .speech_gate import VadSettings
 from .transcription import TranscriptionOptions
 
 
@@ -31,7 +33,7 @@ class OptionError(ValueError):
 @dataclass(frozen=True)
 class Option:
     name: str  # the form field (lists arrive as ``name[]``); the CLI flag is --name with dashes
-    kind: type  # str, int, float, bool or list (of str)
+    kind: type  # str, int, float, bool, list (of str) or dict (a JSON object, or "auto")
     help: str
     low: float | None = None
     high: float | None = None
@@ -44,6 +46,8 @@ class Option:
         """The typed value of one text value (a list option takes one text per item)."""
         if self.kind is str or self.kind is list:
             return text
+        if self.kind is dict:
+            return self._object(text)
         if self.kind is bool:
             if text.lower() in ("true", "1"):
                 return True
@@ -60,6 +64,17 @@ class Option:
         if (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
             raise OptionError(self.name, f"{self.name} must be between {self.low} and {self.high}, got {number}")
         return number
+
+    def _object(self, text: str) -> str | dict:
+        if text == "auto":
+            return text
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise OptionError(self.name, f"{self.name} must be 'auto' or a JSON object, got {text!r}")
+        return value
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -78,6 +93,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("no_speech_threshold", float, "no-speech probability above (with low log-prob): silence (default 0.6)",
            0.0, 1.0),
     Option("vad_filter", bool, "skip windows the speech gate hears no speech in (default true)"),
+    Option("chunking_strategy", dict, "where long audio is cut: 'auto' (the default), or {\"type\": \"server_vad\"} "
+                                      "with threshold, prefix_padding_ms, silence_duration_ms"),
     Option("detect_language_per_chunk", bool, "each 30 s chunk keeps the language it detected"),
     Option("condition_on_previous_text", bool, "condition each chunk on the text of the one before"),
     Option("use_beam_search", bool, "beam search for the temperature-0 decode"),
@@ -107,6 +124,9 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         except UnsupportedLanguageError as e:
             raise OptionError(name, str(e), code="unsupported_language") from None
 
+    if response_format in TIMED_FORMATS and not adapter.supports_timestamps:
+        raise OptionError("response_format", f"This model cannot time its text; {response_format!r} needs times. "
+                                             "Use 'json' or 'text'", code="unsupported_value")
     granularities = list(given("timestamp_granularities", []))
     for g in granularities:
         if g not in ("segment", "word"):
@@ -129,6 +149,9 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         task=task,
         language=languages["language"],
         candidate_languages=languages["allowed_languages"],
+        # Only the timed formats decode with timestamps. Whisper's text is measurably better
+        # without them where windows cut speech (faster-whisper's decodes of the same windows
+        # agree), so json and text keep that; the timed formats get the seek (transcription.py).
         timestamps=response_format in TIMED_FORMATS,
         previous_text=given("prompt"),
         hotwords=given("hotwords"),
@@ -146,11 +169,51 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         detect_language_per_chunk=given("detect_language_per_chunk", False),
         condition_on_previous_text=given("condition_on_previous_text", False),
         vad_filter=given("vad_filter", True),
+        vad=_vad_settings(given("chunking_strategy"), given("vad_filter", True)),
         word_timestamps=word_timestamps,
         beam_size=beams,
         length_penalty=given("length_penalty"),
         detection=detection,
     )
+
+
+# OpenAI's server_vad fields: (low, high, what they set).
+SERVER_VAD_FIELDS = {"threshold": (0.0, 1.0), "prefix_padding_ms": (0, 5000), "silence_duration_ms": (0, 10000)}
+
+
+def _vad_settings(strategy: str | dict | None, vad_filter: bool) -> VadSettings:
+    """OpenAI's ``chunking_strategy`` as this server's windows: "auto" (or none) is the default;
+    a ``server_vad`` object sets the VAD threshold, the padding around speech
+    (``prefix_padding_ms``) and the pause that ends a window (``silence_duration_ms``)."""
+    if strategy is None:
+        return VadSettings()
+    if not vad_filter:
+        raise OptionError("chunking_strategy", "chunking_strategy cuts the audio where the VAD hears pauses; it "
+                                               "cannot apply with vad_filter=false", code="unsupported_value")
+    if strategy == "auto":
+        return VadSettings()
+    if strategy.get("type") != "server_vad":
+        raise OptionError("chunking_strategy", "chunking_strategy must be 'auto' or an object with "
+                                               f"\"type\": \"server_vad\", got type {strategy.get('type')!r}")
+    unknown = sorted(set(strategy) - {"type", *SERVER_VAD_FIELDS})
+    if unknown:
+        raise OptionError("chunking_strategy", f"Unknown chunking_strategy field(s) {', '.join(unknown)}; "
+                                               f"supported: type, {', '.join(SERVER_VAD_FIELDS)}")
+    values = {}
+    for name, (low, high) in SERVER_VAD_FIELDS.items():
+        if name not in strategy:
+            continue
+        try:
+            values[name] = float(strategy[name])
+        except (TypeError, ValueError):
+            values[name] = math.nan
+        if not low <= values[name] <= high:  # NaN fails too
+            raise OptionError("chunking_strategy", f"chunking_strategy.{name} must be a number from {low} to {high}, "
+                                                   f"got {strategy[name]!r}")
+    changes = {"threshold": values.get("threshold"),
+               "pad_s": values["prefix_padding_ms"] / 1000 if "prefix_padding_ms" in values else None,
+               "window_pause_s": values["silence_duration_ms"] / 1000 if "silence_duration_ms" in values else None}
+    return replace(VadSettings(), **{k: v for k, v in changes.items() if v is not None})
 
 
 def _refuse_in_stream(beams: int, fallback: bool | None, per_chunk: bool | None) -> None:

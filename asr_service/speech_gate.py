@@ -3,9 +3,10 @@
 Whisper answers silence, noise and music with fluent sentences ("you", "Thank you.",
 "ご視聴ありがとうございました") that its own no-speech and log-probability figures do not
 always catch. Silero VAD (the ``silero-vad`` PyPI package, which carries its weights) runs on
-torch, rejects noise and tones, and is cheap next to a Whisper decode. The scan stops at the
-first stretch of speech, so windows with speech pay almost nothing and only windows without it
-are scanned to the end, which then skip the Whisper decode entirely.
+torch, rejects noise and tones, and is cheap next to a Whisper decode. The gate's scan stops at
+the first stretch of speech, so windows with speech pay almost nothing and only windows without
+it are scanned to the end, which then skip the Whisper decode entirely. Finding every region
+of speech (speech_regions, for long audio) scans everything: several times the cost.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import copy
 import threading
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,6 +23,27 @@ import torch
 from .pcm import SAMPLE_RATE
 
 FRAME = 512  # samples per Silero step at 16 kHz
+
+
+@dataclass(frozen=True)
+class VadSettings:
+    """How long audio is cut at pauses (a request's ``chunking_strategy``): speech scores at
+    least ``threshold``; a pause of ``window_pause_s`` or more ends a window; regions of speech
+    are padded by ``pad_s`` on each side."""
+
+    threshold: float = 0.5
+    window_pause_s: float = 1.8
+    pad_s: float = 0.4
+
+    @property
+    def min_silence_s(self) -> float:
+        """Pauses shorter than this stay inside a region of speech."""
+        return min(0.5, self.window_pause_s)
+
+    @property
+    def padded_gap_s(self) -> float:
+        """The window-ending pause as seen between padded regions."""
+        return max(0.0, self.window_pause_s - 2 * self.pad_s)
 
 
 class SpeechGate:
@@ -41,34 +64,40 @@ class SpeechGate:
         with self._lock:
             return copy.deepcopy(self._model)
 
-    def speech_regions(self, samples: np.ndarray, min_silence_seconds: float = 0.5,
-                       pad_seconds: float = 0.4) -> list[tuple[int, int]]:
+    def speech_regions(self, samples: np.ndarray, min_silence_seconds: float = 0.5, pad_seconds: float = 0.4,
+                       threshold: float | None = None) -> list[tuple[int, int]]:
         """Where the speech is: (start, end) sample ranges, padded, found by Silero's own
         ``get_speech_timestamps`` (pauses shorter than ``min_silence_seconds`` stay inside)."""
         from silero_vad import get_speech_timestamps
 
         audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
         with self._lock, torch.inference_mode(), _one_thread():
-            found = get_speech_timestamps(audio, self._model, threshold=self.threshold, sampling_rate=SAMPLE_RATE,
+            found = get_speech_timestamps(audio, self._model, threshold=self.threshold if threshold is None else threshold,
+                                          sampling_rate=SAMPLE_RATE,
                                           min_speech_duration_ms=round(self._min_frames * FRAME * 1000 / SAMPLE_RATE),
                                           min_silence_duration_ms=round(min_silence_seconds * 1000),
                                           speech_pad_ms=round(pad_seconds * 1000))
         return [(int(r["start"]), int(r["end"])) for r in found]
 
-    def has_speech(self, samples: np.ndarray) -> bool:
-        """True once ``min_speech_seconds`` of consecutive frames score above the threshold."""
+    def has_speech(self, samples: np.ndarray, threshold: float | None = None) -> bool:
+        return self.speech_start(samples, threshold) is not None
+
+    def speech_start(self, samples: np.ndarray, threshold: float | None = None) -> int | None:
+        """The sample where the first ``min_speech_seconds`` of consecutive frames scoring above
+        the threshold begin; None when there are none. The scan stops there."""
+        threshold = self.threshold if threshold is None else threshold
         audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
         run = 0
         with self._lock, torch.inference_mode(), _one_thread():
             self._model.reset_states()
             for start in range(0, audio.shape[0] - FRAME + 1, FRAME):
-                if float(self._model(audio[start : start + FRAME], SAMPLE_RATE)) >= self.threshold:
+                if float(self._model(audio[start : start + FRAME], SAMPLE_RATE)) >= threshold:
                     run += 1
                     if run >= self._min_frames:
-                        return True
+                        return start - (run - 1) * FRAME
                 else:
                     run = 0
-        return False
+        return None
 
 
 @contextlib.contextmanager

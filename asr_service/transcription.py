@@ -23,7 +23,7 @@ import numpy as np
 from adapters.base import ParsedOutput, TranscriptionAdapter
 
 from . import two_stage
-from .chunking import AudioChunk, speech_windows, split_audio
+from .chunking import AudioChunk, pad_regions, speech_windows, split_audio
 from .engine.features import HOP_LENGTH
 from .engine.interface import Engine
 from .engine.params import DecodeParams, SequenceResult, UnsupportedDecode, raise_if_failed
@@ -31,8 +31,8 @@ from .engine.stream import SequenceStream
 from .fallback import (DecodeFigures, QualityThresholds, compression_ratio, is_silent, may_be_silent, needs_fallback,
                        pick_best)
 from .language_vote import is_outlier, vote
-from .speech_gate import SpeechGate
-from .word_timing import FRAMES_PER_SECOND, Word, word_times
+from .speech_gate import SpeechGate, VadSettings
+from .word_timing import FRAMES_PER_SECOND, Word, snap_to_speech_onsets, word_times
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class TranscriptionOptions:
     hotwords: str | None = None  # words to favour, given to the model as context
     # Windows in which the speech gate (Silero VAD) hears no speech are not decoded at all.
     vad_filter: bool = True
+    vad: VadSettings = VadSettings()  # where long audio is cut (the request's chunking_strategy)
     word_timestamps: bool = False  # words with times, from the alignment heads' attention
     beam_size: int = 1  # above 1: beam search for the temperature-0 decode (fallback retries sample)
     length_penalty: float | None = None
@@ -66,6 +67,18 @@ class TranscriptionOptions:
 
 # faster-whisper's rule: context decoded this hot is too unreliable to condition the next chunk.
 PROMPT_RESET_TEMPERATURE = 0.5
+
+# Fallback retries sample with this seed (plus their index) when the request gives none: the
+# same request gets the same answer.
+FALLBACK_SEED = 0
+
+# The seek: a window whose decode stopped before its speech ended is decoded again from there.
+MAX_CONTINUATIONS = 3  # per window; each must make progress, so a loop cannot run on
+SEEK_MIN_PROGRESS_S = 1.0  # a continuation starts at least this far into the audio before it
+SEEK_MIN_REST_S = 0.5  # and has at least this much audio to decode
+SEGMENT_END_SLACK_S = 0.5  # Whisper often times a segment's end a little before the speech ends
+UNCOVERED_SPEECH_S = 0.4  # this much speech heard after the last segment: the decode missed some
+SEEK_LEAD_S = 0.4  # a continuation starts this far before the speech it is for
 
 
 @dataclass
@@ -110,6 +123,30 @@ class ChunkOutcome:
     figures: DecodeFigures
 
 
+@dataclass(frozen=True)
+class WindowPlan:
+    """Where a request's audio is decoded, and where the VAD heard speech start and end
+    (sample ranges, no padding; None when the gate is off). For audio of one window only the
+    first speech is known: its scan stops there."""
+
+    windows: list[AudioChunk]
+    speech: list[tuple[int, int]] | None
+
+
+@dataclass
+class WindowOutcome:
+    """A window's decode, then its continuations (seek) when the decode stopped before the
+    speech in the window ended: pieces in time order, each over the audio from its start on."""
+
+    window: AudioChunk
+    pieces: list[ChunkOutcome]
+
+    @property
+    def head(self) -> ChunkOutcome:
+        """The decode of the whole window: its language detection is the window's."""
+        return self.pieces[0]
+
+
 # ---- what a run yields ----
 
 @dataclass(frozen=True)
@@ -143,7 +180,7 @@ PipelineEvent = ChunkText | ChunkDone | Finished
 
 @dataclass
 class _ChunkJob:
-    task: asyncio.Future  # -> ChunkOutcome
+    task: asyncio.Future  # -> WindowOutcome
     texts: asyncio.Queue | None  # ChunkText items, then None (streamed runs only)
 
 
@@ -166,11 +203,12 @@ class Transcriber:
                   on_chunk_done: Callable[[AudioChunk], None] | None = None) -> AsyncIterator[PipelineEvent]:
         """The events of one request, in chunk order (see the module docstring). Closing the
         generator early cancels every decode still running."""
-        chunks = await self.windows(audio, options)
+        plan = await self.plan(audio, options)
+        chunks = plan.windows
         conditioned = options.condition_on_previous_text
         jobs = [] if conditioned else [self._start(i, c, options, None, streamed, on_chunk_done)
                                        for i, c in enumerate(chunks)]
-        outcomes: list[ChunkOutcome] = []
+        outcomes: list[WindowOutcome] = []
         previous: str | None = None
         try:
             for i, chunk in enumerate(chunks):
@@ -185,7 +223,7 @@ class Transcriber:
                 previous = self._context_after(outcome, previous, options)
             if not streamed:
                 await self._settle_language(outcomes, options)
-            yield Finished(self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate))
+            yield Finished(self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate, plan.speech))
         finally:  # finished, failed or abandoned: no decode of this request runs on
             for job in jobs:
                 job.task.cancel()
@@ -199,17 +237,29 @@ class Transcriber:
         return self.engine.refusal(self.params_for(options, previous_text=previous))
 
     # ---- prompts ----
-    async def windows(self, audio: np.ndarray, options: TranscriptionOptions) -> list[AudioChunk]:
-        """The windows to decode. Audio longer than one window, with the speech gate on, is cut
-        where the VAD hears speech pause, and the silence between windows is skipped (nothing
-        to invent there); otherwise fixed windows cut at quiet points."""
+    async def plan(self, audio: np.ndarray, options: TranscriptionOptions) -> WindowPlan:
+        """The windows to decode. With the speech gate on, the silence before the first speech
+        is skipped (nothing to invent there), and audio longer than one window is cut where the
+        VAD hears speech pause, skipping the silence between windows. With the gate off: fixed
+        windows cut at quiet points."""
         cfg = self.adapter.config
+        rate = cfg.sample_rate
         if not cfg.chunking:
-            return [AudioChunk(0, audio[: int(cfg.max_clip_seconds * cfg.sample_rate)], cfg.sample_rate)]
-        if self.gate is None or not options.vad_filter or audio.shape[0] <= cfg.max_clip_seconds * cfg.sample_rate:
-            return split_audio(audio, cfg.sample_rate, cfg.max_clip_seconds)
-        regions = await asyncio.to_thread(self.gate.speech_regions, audio)  # CPU work: off the event loop
-        return speech_windows(audio, regions, cfg.sample_rate, cfg.max_clip_seconds)
+            return WindowPlan([AudioChunk(0, audio[: int(cfg.max_clip_seconds * rate)], rate)], None)
+        if self.gate is None or not options.vad_filter:
+            return WindowPlan(split_audio(audio, rate, cfg.max_clip_seconds), None)
+        vad, pad = options.vad, round(options.vad.pad_s * rate)
+        if audio.shape[0] <= cfg.max_clip_seconds * rate:
+            # One window from the first speech on: a scan that stops there (cheap), not a full one.
+            onset = await asyncio.to_thread(self.gate.speech_start, audio, vad.threshold)  # CPU work: off the loop
+            if onset is None:
+                return WindowPlan([AudioChunk(0, audio, rate)], [])
+            start = max(0, onset - pad)
+            return WindowPlan([AudioChunk(start, audio[start:], rate)], [(onset, audio.shape[0])])
+        # CPU work: off the event loop.
+        speech = await asyncio.to_thread(self.gate.speech_regions, audio, vad.min_silence_s, 0.0, vad.threshold)
+        regions = pad_regions(speech, pad, audio.shape[0])
+        return WindowPlan(speech_windows(audio, regions, rate, cfg.max_clip_seconds, vad.padded_gap_s), speech)
 
     def params_for(self, options: TranscriptionOptions, language: str | None = None,
                    previous_text: str | None = None) -> DecodeParams:
@@ -236,9 +286,9 @@ class Transcriber:
         texts: asyncio.Queue | None = asyncio.Queue() if streamed else None
         report = None if texts is None else (lambda text, joiner: texts.put_nowait(ChunkText(index, text, joiner)))
 
-        async def work() -> ChunkOutcome:
+        async def work() -> WindowOutcome:
             try:
-                outcome = await self._decode_chunk(chunk, options, previous_text, report)
+                outcome = await self._decode_window(chunk, options, previous_text, report)
             finally:
                 if texts is not None:
                     texts.put_nowait(None)
@@ -247,6 +297,61 @@ class Transcriber:
             return outcome
 
         return _ChunkJob(asyncio.ensure_future(work()), texts)
+
+    async def _decode_window(self, window: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
+                             report: Callable[[str, str], None] | None) -> WindowOutcome:
+        """The window's decode, continued (seek) while a piece stopped before the speech in it
+        ended: the rest is decoded again from where the text stopped, in the window's language.
+        Continuations decode after the piece before them; a stream shows their text after the
+        text already shown."""
+        outcome = WindowOutcome(window, [await self._decode_chunk(window, options, previous_text, report)])
+        while len(outcome.pieces) <= MAX_CONTINUATIONS:
+            resume = await self._resume_point(outcome.pieces[-1], options)
+            if resume is None:
+                break
+            rest = AudioChunk(resume, window.samples[resume - window.start_sample :], window.sample_rate)
+            language = options.language or outcome.head.parsed.language
+            shown, joiner = self._window_text(outcome, options), self.adapter.joiner(language)
+            follow = None if report is None else (
+                lambda text, j, shown=shown, joiner=joiner: report(shown + joiner + text.lstrip() if shown else text, j))
+            outcome.pieces.append(await self._decode_chunk(rest, replace(options, language=language), previous_text,
+                                                           follow))
+        return outcome
+
+    async def _resume_point(self, piece: ChunkOutcome, options: TranscriptionOptions) -> int | None:
+        """Where speech in the piece's audio goes on past its text (a sample index in the
+        request's audio), or None. Two signs: the decode ended on an opening timestamp (the
+        model's own sign), or the VAD hears speech after the last segment's end. Both need
+        timestamps: without them nothing says where the text stopped."""
+        parsed, chunk = piece.parsed, piece.chunk
+        if (not options.timestamps or piece.params is None or parsed.failure is not None
+                or is_silent(piece.figures, options.thresholds)):
+            return None
+        if parsed.segments and parsed.segments[-1].end is None:
+            return None  # the text runs to the end of the audio (cut by the token budget)
+        if parsed.continues_at is not None:
+            resume = parsed.continues_at
+        else:
+            resume = await self._uncovered_speech(chunk, parsed.segments[-1].end if parsed.segments else 0.0, options)
+        if resume is None or resume < SEEK_MIN_PROGRESS_S or chunk.duration - resume < SEEK_MIN_REST_S:
+            return None
+        return chunk.start_sample + round(resume * chunk.sample_rate)
+
+    async def _uncovered_speech(self, chunk: AudioChunk, covered: float, options: TranscriptionOptions) -> float | None:
+        """Where (seconds into ``chunk``) a continuation should start, when the VAD hears at
+        least UNCOVERED_SPEECH_S of speech after ``covered``; None otherwise."""
+        if self.gate is None or not options.vad_filter:
+            return None
+        rate = chunk.sample_rate
+        offset = round((covered + SEGMENT_END_SLACK_S) * rate)
+        if chunk.samples.shape[0] - offset < UNCOVERED_SPEECH_S * rate:
+            return None
+        # CPU work: off the event loop. Unpadded regions: the speech itself is counted.
+        regions = await asyncio.to_thread(self.gate.speech_regions, chunk.samples[offset:], options.vad.min_silence_s,
+                                          0.0, options.vad.threshold)
+        if sum(end - start for start, end in regions) < UNCOVERED_SPEECH_S * rate:
+            return None
+        return max(covered, (offset + regions[0][0]) / rate - SEEK_LEAD_S)
 
     async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
                             report: Callable[[str, str], None] | None) -> ChunkOutcome:
@@ -271,9 +376,9 @@ class Transcriber:
         still holds the text to the model's token rules. They run together, as one batch in the
         engine (the encoder output is reused): the kept decode is the same as trying one
         temperature after another, in a fraction of the time."""
+        base_seed = FALLBACK_SEED if options.seed is None else options.seed
         retries = [replace(self.params_for(options, language, previous_text), temperature=temperature,
-                           seed=None if options.seed is None else options.seed + i + 1, top_k=None, top_p=None,
-                           beam_size=1)
+                           seed=base_seed + i + 1, top_k=None, top_p=None, beam_size=1)
                    for i, temperature in enumerate(options.fallback_temperatures)]
         attempts = [first] + list(await asyncio.gather(*(self._decode(chunk, p, options) for p in retries)))
         kept = attempts[pick_best([a.figures for a in attempts], options.thresholds)]
@@ -319,7 +424,8 @@ class Transcriber:
     async def _hears_speech(self, chunk: AudioChunk, options: TranscriptionOptions) -> bool:
         if self.gate is None or not options.vad_filter:
             return True
-        return await asyncio.to_thread(self.gate.has_speech, chunk.samples)  # CPU work: off the event loop
+        # CPU work: off the event loop.
+        return await asyncio.to_thread(self.gate.has_speech, chunk.samples, options.vad.threshold)
 
     @staticmethod
     def _no_speech_outcome(chunk: AudioChunk) -> ChunkOutcome:
@@ -343,39 +449,50 @@ class Transcriber:
         probs = adapter.language_probabilities(result.probe_probs, options.candidate_languages)
         return ChunkOutcome(chunk, params, result, probs, parsed, figures)
 
-    def _chunk_done(self, index: int, outcome: ChunkOutcome, options: TranscriptionOptions) -> ChunkDone:
-        parsed = outcome.parsed
-        silent = is_silent(outcome.figures, options.thresholds)
-        text = "" if silent or parsed.failure is not None else parsed.text or ""
-        return ChunkDone(index, text, self.adapter.joiner(parsed.language), parsed.failure)
-
     @staticmethod
-    def _context_after(outcome: ChunkOutcome, previous: str | None, options: TranscriptionOptions) -> str | None:
-        """The text the next chunk is conditioned on (condition_on_previous_text)."""
-        if is_silent(outcome.figures, options.thresholds):
+    def _kept_text(piece: ChunkOutcome, options: TranscriptionOptions) -> str:
+        """The piece's text in the result: none for silence or output that did not parse."""
+        if piece.parsed.failure is not None or is_silent(piece.figures, options.thresholds):
+            return ""
+        return piece.parsed.text or ""
+
+    def _window_text(self, outcome: WindowOutcome, options: TranscriptionOptions) -> str:
+        joiner = self.adapter.joiner(outcome.head.parsed.language)
+        return joiner.join(t for t in (self._kept_text(p, options) for p in outcome.pieces) if t)
+
+    def _chunk_done(self, index: int, outcome: WindowOutcome, options: TranscriptionOptions) -> ChunkDone:
+        parsed = outcome.head.parsed
+        return ChunkDone(index, self._window_text(outcome, options), self.adapter.joiner(parsed.language),
+                         parsed.failure)
+
+    def _context_after(self, outcome: WindowOutcome, previous: str | None, options: TranscriptionOptions) -> str | None:
+        """The text the next window is conditioned on (condition_on_previous_text)."""
+        text = self._window_text(outcome, options)
+        if not text:
             return previous
-        return None if outcome.figures.temperature > PROMPT_RESET_TEMPERATURE else outcome.parsed.text
+        hot = any(p.figures.temperature > PROMPT_RESET_TEMPERATURE for p in outcome.pieces)
+        return None if hot else text
 
     # ---- the whole request ----
-    def _vote(self, outcomes: list[ChunkOutcome], options: TranscriptionOptions) -> tuple[str | None, float | None]:
-        """The request's language: chunks that hold speech vote (all of them when none does)."""
-        parsed = [o for o in outcomes if o.figures.parsed]
+    def _vote(self, outcomes: list[WindowOutcome], options: TranscriptionOptions) -> tuple[str | None, float | None]:
+        """The request's language: windows that hold speech vote (all of them when none does)."""
+        parsed = [o.head for o in outcomes if o.head.figures.parsed]
         speech = [o for o in parsed if not is_silent(o.figures, options.thresholds)] or parsed
         return vote([(o.language_probs, o.chunk.duration) for o in speech], options.language)
 
-    async def _settle_language(self, outcomes: list[ChunkOutcome], options: TranscriptionOptions) -> None:
-        """Decode again, with the request's language, the chunks whose detection is an outlier."""
+    async def _settle_language(self, outcomes: list[WindowOutcome], options: TranscriptionOptions) -> None:
+        """Decode again, with the request's language, the windows whose detection is an outlier."""
         if options.language is not None or options.detect_language_per_chunk or len(outcomes) < 2:
             return
         language, _ = self._vote(outcomes, options)
-        redo = [i for i, o in enumerate(outcomes)
-                if not is_silent(o.figures, options.thresholds) and is_outlier(o.parsed.language, o.language_probs, language)]
+        redo = [i for i, o in enumerate(outcomes) if not is_silent(o.head.figures, options.thresholds)
+                and is_outlier(o.head.parsed.language, o.head.language_probs, language)]
         if not redo:
             return
         fixed = replace(options, language=language, detection="fused")
-        again = await asyncio.gather(*(self._decode_chunk(outcomes[i].chunk, fixed, None, None) for i in redo))
+        again = await asyncio.gather(*(self._decode_window(outcomes[i].window, fixed, None, None) for i in redo))
         for i, outcome in zip(redo, again):
-            outcome.language_probs = outcomes[i].language_probs  # what the chunk itself heard
+            outcome.head.language_probs = outcomes[i].head.language_probs  # what the window itself heard
             outcomes[i] = outcome
 
     def _words(self, outcome: ChunkOutcome) -> list[Word]:
@@ -397,12 +514,14 @@ class Transcriber:
         timed = word_times(pieces, np.concatenate([rows, end_row], axis=1), outcome.chunk.duration)
         return [replace(w, word=w.word.strip()) for w in timed if w.word.strip()]
 
-    def _assemble(self, outcomes: list[ChunkOutcome], options: TranscriptionOptions, duration: float) -> TranscriptionResult:
+    def _assemble(self, windows: list[WindowOutcome], options: TranscriptionOptions, duration: float,
+                  speech: list[tuple[int, int]] | None) -> TranscriptionResult:
         adapter = self.adapter
         segments: list[Segment] = []
         words: list[Word] = []
         chunk_texts: list[tuple[str | None, str]] = []
         failures: list[str] = []
+        outcomes = [piece for window in windows for piece in window.pieces]
         for outcome in outcomes:
             chunk, parsed, figures = outcome.chunk, outcome.parsed, outcome.figures
             if parsed.failure is not None:
@@ -427,7 +546,10 @@ class Transcriber:
                 words += [replace(w, start=round(w.start + chunk.start, 2), end=round(w.end + chunk.start, 2))
                           for w in self._words(outcome)]
 
-        language, probability = self._vote(outcomes, options)
+        if words and speech:
+            rate = self.adapter.config.sample_rate
+            words = snap_to_speech_onsets(words, [(start / rate, end / rate) for start, end in speech])
+        language, probability = self._vote(windows, options)
         text = ""
         for i, (chunk_language, chunk_text) in enumerate(chunk_texts):
             if i:

@@ -108,3 +108,29 @@ def word_times(words: list[tuple[str, int]], attention: np.ndarray, duration: fl
         out.append(Word(text, round(start, 2), round(max(end, start), 2)))
         index += n_tokens
     return clamp_at_sentence_ends(out)
+
+
+# How far a word's start may move back to where the VAD hears speech start: more, and the word
+# is likely not the one that opens the speech (DTW lost its place), so it is left alone.
+MAX_ONSET_SHIFT_S = 1.0
+
+
+def snap_to_speech_onsets(words: list[Word], speech: list[tuple[float, float]]) -> list[Word]:
+    """A word that opens a stretch of speech (``speech``: sorted (start, end) seconds as the
+    VAD hears it, no padding) cannot start after the speech does: DTW often starts the first
+    word after a pause a few hundred milliseconds late, and such a start moves back to the
+    onset. Never forward: the VAD hears voicing, so it tends to hear a word begin late itself
+    (a fricative or a stop before the vowel). A word reaching into a stretch from an earlier
+    word's speech is not an opening word and stays."""
+    out = list(words)
+    k = 0
+    for start, end in speech:
+        while k < len(out) and out[k].end <= start:
+            k += 1
+        if k == len(out):
+            break
+        word = out[k]
+        opens = k == 0 or out[k - 1].end <= start
+        if opens and start < word.start < min(end, start + MAX_ONSET_SHIFT_S):
+            out[k] = Word(word.word, round(start, 2), word.end)
+    return out

@@ -48,6 +48,16 @@ def test_timestamp_variant_segments_from_ids(adapter, tok):
     assert adapter.parse_fused_output(out) == ("en", "Hello there. General Kenobi.")
 
 
+def test_an_output_ending_on_an_opening_timestamp_says_where_speech_goes_on(adapter, tok):
+    ts = lambda s: tok.timestamp_begin + round(s / 0.02)  # noqa: E731
+    params = adapter.build_prompt("en", timestamps=True)
+    body = [ts(0.0)] + ids(tok, " Hello there.") + [ts(1.5)]
+    assert adapter.parse_output(body + [ts(24.12), tok.eot], params).continues_at == 24.12  # the seek's sign
+    assert adapter.parse_output(body + [tok.eot], params).continues_at is None  # the window is done
+    unfinished = adapter.parse_output(body + [ts(2.0)] + ids(tok, " General"), params)  # cut by the budget
+    assert unfinished.continues_at is None and unfinished.segments[-1].end is None
+
+
 def test_known_language_output_has_no_prefix(adapter, tok):
     params = adapter.build_prompt("de")
     parsed = adapter.parse_output(ids(tok, " Guten Tag.") + [tok.eot], params)

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from asr_service.chunking import speech_windows, split_audio
+from asr_service.chunking import pad_regions, speech_windows, split_audio
+from asr_service.word_timing import Word, snap_to_speech_onsets
 
 pytestmark = pytest.mark.unit
 
@@ -72,3 +73,21 @@ def test_speech_with_no_pause_is_cut_inside_at_a_quiet_point():
     assert windows[1].start_sample + windows[1].samples.shape[0] == 75 * SR
     assert speech_windows(audio, []) == []
 
+
+def test_padding_widens_regions_and_splits_a_short_silence_between_them():
+    # Padded by 4 samples: the first at the audio's start, the gap of 6 between the second and
+    # third (under twice the padding) shared half and half, the last at the audio's end.
+    assert pad_regions([(2, 10), (20, 30), (36, 40)], 4, 42) == [(0, 14), (16, 33), (33, 42)]
+    assert pad_regions([], 4, 42) == []
+
+
+def test_a_word_that_opens_speech_never_starts_after_the_speech_does():
+    words = [Word("Fine.", 1.50, 1.90), Word("What", 2.00, 2.20), Word("Good.", 4.30, 4.60)]
+    speech = [(1.00, 2.40), (4.00, 5.00)]
+    snapped = snap_to_speech_onsets(words, speech)
+    assert [w.start for w in snapped] == [1.00, 2.00, 4.00]  # late openers move back; "What" stays
+    assert [w.end for w in snapped] == [w.end for w in words]
+    early = [Word("I", 3.50, 4.20)]  # starts in the pause before the speech: left (the VAD hears onsets late)
+    assert snap_to_speech_onsets(early, speech) == early
+    far = [Word("So", 6.30, 6.50)]  # more than a second after the onset: not the word that opened it
+    assert snap_to_speech_onsets(far, [(5.00, 7.00)]) == far

@@ -9,7 +9,7 @@ import pytest
 
 from asr_service.chunking import AudioChunk
 from asr_service.fallback import QualityThresholds
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription import Transcriber, TranscriptionOptions
 
 from support.clips import load_clip, reference
 from support.textnorm import normalize
@@ -69,6 +69,37 @@ async def test_a_repetition_loop_is_decoded_again(runtime):
     assert result.segments == [] or max(s.compression_ratio for s in result.segments) <= 2.4
 
 
+class _Recording:
+    """The real engine, keeping each decode it is given (params and stream) for inspection."""
+
+    def __init__(self, engine):
+        self.engine, self.name, self.warm_copies = engine, engine.name, engine.warm_copies
+        self.decodes = []
+
+    def submit(self, audio, params):
+        stream = self.engine.submit(audio, params)
+        self.decodes.append((params, stream))
+        return stream
+
+    def refusal(self, params):
+        return self.engine.refusal(params)
+
+
+async def test_the_fallback_gives_the_same_answer_to_the_same_request(runtime):
+    """No seed in the request: the retries still sample with fixed seeds, so every retry (not
+    only the kept one) comes out the same each time."""
+    fox = load_clip("en", "quick_brown_fox")
+    strict = TranscriptionOptions(thresholds=QualityThresholds(log_prob=0.0))  # every temperature is tried
+    runs = []
+    for _ in range(2):
+        engine = _Recording(runtime.engine)
+        await Transcriber(engine, runtime.adapter, runtime.transcriber.gate).transcribe(fox, strict)
+        assert len(engine.decodes) == 1 + len(strict.fallback_temperatures)
+        assert all(p.seed is not None for p, _ in engine.decodes[1:])
+        runs.append([(p.temperature, p.seed, stream.result.token_ids) for p, stream in engine.decodes])
+    assert runs[0] == runs[1]
+
+
 # ---- silence and noise ----
 
 def _tone(freqs, seconds=10.0):
@@ -97,7 +128,7 @@ async def test_speech_after_silence_is_kept(runtime):
     result, decodes = await _count_decodes(runtime, audio, TranscriptionOptions(timestamps=True))
     assert decodes == 1  # the silence was not decoded at all
     assert result.text == "The quick brown fox jumps over the lazy dog."
-    windows = await runtime.transcriber.windows(audio, TranscriptionOptions(timestamps=True))
+    windows = (await runtime.transcriber.plan(audio, TranscriptionOptions(timestamps=True))).windows
     assert len(windows) == 1 and 34.0 <= windows[0].start <= 35.0  # the window opens where speech does
     assert all(s.start >= 34.5 for s in result.segments), [(s.start, s.text) for s in result.segments]
 
@@ -120,7 +151,7 @@ def _spanish_then(last_window: np.ndarray) -> np.ndarray:
 async def test_a_low_confidence_outlier_chunk_is_decoded_again_with_the_files_language(runtime):
     # Whisper base hears this two-word Italian greeting as French, with low confidence.
     audio = _spanish_then(_window(("it", "ciao_mondo"), seconds=5.0))
-    assert len(await runtime.transcriber.windows(audio, TranscriptionOptions())) == 3
+    assert len((await runtime.transcriber.plan(audio, TranscriptionOptions())).windows) == 3
     voted, decodes = await _count_decodes(runtime, audio, replace_options(timestamps=True))
     assert voted.language == "es"
     assert {s.language for s in voted.segments} == {"es"}

@@ -8,6 +8,7 @@ from starlette.datastructures import FormData, UploadFile
 from asr_service.cli import _option_values, _parser
 from asr_service.request_options import OPTIONS, OptionError, build_options
 from asr_service.server.request_form import parse_transcription_form
+from asr_service.speech_gate import VadSettings
 
 pytestmark = pytest.mark.model  # the options are checked against the real model's adapter
 
@@ -16,7 +17,8 @@ EVERY_OPTION = {
     "language": "fr", "allowed_languages": ["fr", "en"], "prompt": "Bonjour.", "hotwords": "Blanqui",
     "temperature": "0.3", "top_k": "40", "top_p": "0.9", "seed": "7", "max_completion_tokens": "100",
     "temperature_fallback": "false", "compression_ratio_threshold": "2.0", "log_prob_threshold": "-0.5",
-    "no_speech_threshold": "0.5", "vad_filter": "false", "detect_language_per_chunk": "true",
+    "no_speech_threshold": "0.5", "vad_filter": "true",
+    "chunking_strategy": '{"type": "server_vad", "threshold": 0.6, "silence_duration_ms": 800}', "detect_language_per_chunk": "true",
     "condition_on_previous_text": "true", "use_beam_search": "true", "n": "3", "length_penalty": "1.0",
     "timestamp_granularities": ["word", "segment"],
 }
@@ -45,7 +47,8 @@ def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
     assert from_cli == from_form
     assert from_form.candidate_languages == ("fr", "en") and from_form.hotwords == "Blanqui"
     assert from_form.top_p == 0.9 and from_form.top_k == 40 and from_form.beam_size == 3
-    assert from_form.word_timestamps and from_form.condition_on_previous_text and not from_form.vad_filter
+    assert from_form.word_timestamps and from_form.condition_on_previous_text and from_form.vad_filter
+    assert from_form.vad == VadSettings(threshold=0.6, window_pause_s=0.8)
     assert from_form.fallback_temperatures == () and from_form.thresholds.no_speech == 0.5
 
 
@@ -67,3 +70,35 @@ def test_what_a_stream_cannot_apply_is_refused(adapter):
         with pytest.raises(OptionError) as refused:
             build_options(values, adapter, "transcribe", "json", stream=True)
         assert refused.value.param == param
+
+
+def _form(*fields: tuple[str, str]) -> FormData:
+    return FormData([("file", UploadFile(io.BytesIO(b""), filename="x.wav")), *fields])
+
+
+def test_chunking_strategy_as_the_openai_sdk_sends_it(adapter):
+    # The SDK flattens an object field into name[key] form fields (its _serialize_multipartform).
+    from openai._qs import Querystring
+
+    strategy = {"type": "server_vad", "threshold": 0.3, "prefix_padding_ms": 200, "silence_duration_ms": 1200}
+    fields = Querystring().stringify_items({"chunking_strategy": strategy}, array_format="brackets")
+    options = parse_transcription_form(_form(*fields), adapter, "transcribe").options
+    assert options.vad == VadSettings(threshold=0.3, window_pause_s=1.2, pad_s=0.2)
+    auto = parse_transcription_form(_form(("chunking_strategy", "auto")), adapter, "transcribe").options
+    assert auto.vad == VadSettings() == parse_transcription_form(_form(), adapter, "transcribe").options.vad
+
+
+@pytest.mark.parametrize("fields, says", [
+    ([("chunking_strategy", "fixed")], "'auto' or a JSON object"),
+    ([("chunking_strategy[type]", "semantic_vad")], "server_vad"),
+    ([("chunking_strategy[type]", "server_vad"), ("chunking_strategy[eagerness]", "high")], "eagerness"),
+    ([("chunking_strategy[type]", "server_vad"), ("chunking_strategy[threshold]", "2")], "threshold must be"),
+    ([("chunking_strategy[type]", "server_vad"), ("chunking_strategy[silence_duration_ms]", "soon")], "silence"),
+    ([("chunking_strategy", "auto"), ("vad_filter", "false")], "vad_filter=false"),
+])
+def test_a_chunking_strategy_that_cannot_apply_is_refused(adapter, fields, says):
+    from asr_service.server.errors import OpenAIError
+
+    with pytest.raises(OpenAIError) as refused:
+        parse_transcription_form(_form(*fields), adapter, "transcribe")
+    assert refused.value.param == "chunking_strategy" and says in str(refused.value)

@@ -128,7 +128,7 @@ async def test_long_audio_chunks_offsets_and_join(runtime):
     audio = np.concatenate(pieces)
     assert audio.shape[0] / 16000 > 60
 
-    chunks = await runtime.transcriber.windows(audio, TranscriptionOptions())
+    chunks = (await runtime.transcriber.plan(audio, TranscriptionOptions())).windows
     assert len(chunks) >= 3
     silent = [(s, s + 6.0) for s in starts["silence"]]
     for c in chunks[1:]:

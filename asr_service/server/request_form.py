@@ -52,6 +52,13 @@ def _text(form: FormData, name: str) -> str | None:
     return value or None
 
 
+def _object_fields(form: FormData, name: str) -> dict[str, str]:
+    """An object field as the OpenAI SDK sends it in a form: ``name[key]=value`` per key."""
+    prefix = name + "["
+    return {key[len(prefix) : -1]: str(value) for key, value in form.multi_items()
+            if key.startswith(prefix) and key.endswith("]") and not isinstance(value, UploadFile)}
+
+
 def _values(form: FormData) -> dict[str, object]:
     """Every option the form gives, typed (OptionError for a bad one)."""
     values: dict[str, object] = {}
@@ -59,6 +66,8 @@ def _values(form: FormData) -> dict[str, object]:
         if option.kind is list:
             items = [option.parse(v) for v in _list(form, option.name)]
             values[option.name] = items or None
+        elif option.kind is dict and (fields := _object_fields(form, option.name)):
+            values[option.name] = fields
         else:
             text = _text(form, option.name)
             values[option.name] = None if text is None else option.parse(text)

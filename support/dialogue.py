@@ -3,11 +3,13 @@
 Several minutes of a four-voice conversation made with Debian's speech synthesizers (Festival's
 ``cmu_us_slt_arctic_hts``, ``kal_diphone`` and ``ked_diphone`` voices, and espeak-ng), with a
 15 s silence before the first word, pauses of 0.3 to 1.6 s between turns, one 8 s silence, and
-turns long enough that speech runs across 30 s marks. A second copy has background noise.
+turns long enough that speech runs across 30 s marks. A second copy has background noise. A
+monologue reads the same script in one voice with breaths of 0.1-0.3 s only, so windows must be
+cut inside speech.
 The truth keeps every utterance's text, speaker, start and end (seconds, to the sample).
 
 Needs ``festival``, ``festvox-us-slt-hts``, ``festvox-kallpc16k``, ``festvox-kdlpc16k`` and
-``espeak-ng`` (``make bench-long`` installs them as root).
+``espeak-ng`` (``make test`` and ``make bench-long`` install them when run as root).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import numpy as np
 from asr_service.audio import AudioLimits, decode_audio
 from asr_service.pcm import SAMPLE_RATE
 
+VOICE_DIRS = ("/usr/share/festival/voices/us/cmu_us_slt_arctic_hts", "/usr/share/festival/voices/english/kal_diphone",
+              "/usr/share/festival/voices/english/ked_diphone")
 VOICES = {
     "A": ["text2wave", "-eval", "(voice_cmu_us_slt_arctic_hts)"],
     "B": ["text2wave", "-eval", "(voice_kal_diphone)"],
@@ -91,14 +95,26 @@ def _synthesize(speaker: str, text: str, workdir: Path) -> np.ndarray:
 def build(seed: int = 0) -> tuple[np.ndarray, list[Utterance]]:
     """The clean conversation and its truth."""
     rng = np.random.default_rng(seed)
-    pieces = [np.zeros(int(LEAD_IN_SECONDS * SAMPLE_RATE), dtype=np.float32)]
+    pauses = [LONG_SILENCE_SECONDS if i == LONG_SILENCE_AFTER else float(rng.uniform(0.3, 1.6))
+              for i in range(len(SCRIPT))]
+    return _join(SCRIPT, pauses, LEAD_IN_SECONDS)
+
+
+def build_monologue(seed: int = 2) -> tuple[np.ndarray, list[Utterance]]:
+    """The same script read by one voice with breaths of 0.1-0.3 s only: speech that runs far
+    past 30 s without a pause, so every window is cut inside speech."""
+    rng = np.random.default_rng(seed)
+    return _join([("D", text) for _, text in SCRIPT], [float(rng.uniform(0.1, 0.3)) for _ in SCRIPT], 0.5)
+
+
+def _join(turns: list[tuple[str, str]], pauses: list[float], lead_in: float) -> tuple[np.ndarray, list[Utterance]]:
+    pieces = [np.zeros(int(lead_in * SAMPLE_RATE), dtype=np.float32)]
     position = pieces[0].shape[0]
     truth: list[Utterance] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (speaker, text) in enumerate(SCRIPT):
+        for (speaker, text), pause in zip(turns, pauses):
             speech = _synthesize(speaker, text, Path(tmp))
             truth.append(Utterance(speaker, text, position / SAMPLE_RATE, (position + speech.shape[0]) / SAMPLE_RATE))
-            pause = LONG_SILENCE_SECONDS if i == LONG_SILENCE_AFTER else float(rng.uniform(0.3, 1.6))
             gap = np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32)
             pieces += [speech, gap]
             position += speech.shape[0] + gap.shape[0]
@@ -117,8 +133,9 @@ def crossings(truth: list[Utterance], window: float = 30.0) -> int:
     return sum(int(u.start // window) != int(u.end // window) for u in truth)
 
 
-def write(directory: Path) -> dict[str, Path]:
-    """clean.wav, noisy.wav and truth.json in ``directory``; returns their paths."""
+def write(directory: Path, monologue: bool = False) -> dict[str, Path]:
+    """clean.wav, noisy.wav and truth.json in ``directory`` (with ``monologue``, also
+    monologue.wav and monologue.json); returns their paths."""
     import soundfile as sf
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -126,13 +143,26 @@ def write(directory: Path) -> dict[str, Path]:
     paths = {"clean": directory / "clean.wav", "noisy": directory / "noisy.wav", "truth": directory / "truth.json"}
     sf.write(paths["clean"], audio, SAMPLE_RATE, subtype="PCM_16")
     sf.write(paths["noisy"], np.clip(with_noise(audio), -1, 1), SAMPLE_RATE, subtype="PCM_16")
-    paths["truth"].write_text(json.dumps({"seconds": audio.shape[0] / SAMPLE_RATE,
-                                          "utterances": [asdict(u) for u in truth]}, indent=1))
+    _write_truth(paths["truth"], audio, truth)
+    if monologue:
+        audio, truth = build_monologue()
+        paths.update(monologue=directory / "monologue.wav", monologue_truth=directory / "monologue.json")
+        sf.write(paths["monologue"], audio, SAMPLE_RATE, subtype="PCM_16")
+        _write_truth(paths["monologue_truth"], audio, truth)
     return paths
 
 
+def _write_truth(path: Path, audio: np.ndarray, truth: list[Utterance]) -> None:
+    path.write_text(json.dumps({"seconds": audio.shape[0] / SAMPLE_RATE, "utterances": [asdict(u) for u in truth]},
+                               indent=1))
+
+
+def read_truth(path: Path) -> list[Utterance]:
+    return [Utterance(**u) for u in json.loads(path.read_text())["utterances"]]
+
+
 if __name__ == "__main__":
-    made = write(Path(tempfile.gettempdir()) / "asr-dialogue")  # wav files: not for bench/results
+    made = write(Path(tempfile.gettempdir()) / "asr-dialogue", monologue=True)  # wav files: not for bench/results
     print(f"written to {made['clean'].parent}")
     truth = json.loads(made["truth"].read_text())
     utterances = [Utterance(**u) for u in truth["utterances"]]

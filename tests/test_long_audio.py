@@ -1,0 +1,146 @@
+"""Long audio as users send it, judged against its truth.
+
+A three-minute conversation (support/dialogue.py: four synthetic voices, a 15 s silence before
+the first word, pauses of 0.3-1.6 s, one 8 s silence, turns that run across 30 s marks) goes
+through a real server in every response format. Every utterance must be in every format, the
+timed formats must carry one transcript, no word may sit inside a silence or repeat at a seam,
+and the word onsets must be within the targets of the long-audio issue.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+from support.dialogue import VOICE_DIRS, Utterance, read_truth, write
+from support.transcript_score import score, subtitles, tokens
+
+pytestmark = pytest.mark.server
+
+FORMATS = ("json", "verbose_json", "srt", "vtt")
+
+
+def _missing_tools() -> list[str]:
+    missing = [tool for tool in ("text2wave", "espeak-ng") if shutil.which(tool) is None]
+    return missing + [str(d) for d in VOICE_DIRS if not Path(d).is_dir()]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict[str, Path]:
+    missing = _missing_tools()
+    if missing:
+        pytest.skip(f"speech synthesizers missing ({', '.join(missing)}); `make test` installs them as root")
+    return write(tmp_path_factory.mktemp("dialogue"), monologue=True)
+
+
+@pytest.fixture(scope="module")
+def dialogue(made) -> tuple[Path, list[Utterance]]:
+    return made["clean"], read_truth(made["truth"])
+
+
+def _post(url: str, audio: bytes, **fields) -> httpx.Response:
+    r = httpx.post(url + "/v1/audio/transcriptions", data=fields, files={"file": ("talk.wav", audio, "audio/wav")},
+                   timeout=600)
+    assert r.status_code == 200, r.text
+    return r
+
+
+@pytest.fixture(scope="module")
+def server(start_server, dialogue):
+    return start_server()
+
+
+@pytest.fixture(scope="module")
+def transcripts(server, dialogue) -> dict[str, dict]:
+    """Each format's text, scored: words with times for verbose_json, cues for srt and vtt."""
+    path, truth = dialogue
+    audio = path.read_bytes()
+    out = {}
+    for fmt in FORMATS:
+        if fmt == "verbose_json":
+            body = _post(server.url, audio, response_format=fmt, **{"timestamp_granularities[]": ["word", "segment"]}).json()
+            words = [(w["word"], w["start"], w["end"]) for w in body["words"]]
+            out[fmt] = {"text": body["text"], "score": score(truth, body["text"], words), "segments": body["segments"]}
+        elif fmt == "json":
+            text = _post(server.url, audio, response_format=fmt).json()["text"]
+            out[fmt] = {"text": text, "score": score(truth, text)}
+        else:
+            text, cues = subtitles(_post(server.url, audio, response_format=fmt).text)
+            out[fmt] = {"text": text, "score": score(truth, text, cues=cues)}
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_utterance_is_in_every_format(transcripts, dialogue, fmt):
+    found = transcripts[fmt]["score"]
+    assert found["missing"] == [], f"{fmt} lost: {found['missing']}"
+    assert found["first_words_found"] == len(dialogue[1])
+
+
+def test_the_timed_formats_carry_one_transcript(transcripts):
+    # verbose_json, srt and vtt are one decode with timestamps (json's decode has none, and may
+    # word things differently: its completeness is checked above).
+    texts = {fmt: " ".join(tokens(transcripts[fmt]["text"])) for fmt in ("verbose_json", "srt", "vtt")}
+    assert len(set(texts.values())) == 1, texts
+
+
+@pytest.mark.parametrize("fmt", ["verbose_json", "srt", "vtt"])
+def test_no_word_inside_a_silence(transcripts, fmt):
+    # The 15 s lead-in, the 8 s silence and every pause of 1 s or more (0.2 s margins).
+    assert transcripts[fmt]["score"]["words_in_silence"] == 0
+
+
+def _repeats(words: list[str]) -> set[tuple[str, ...]]:
+    """Word sequences of 2-4 words said twice in a row: what a seam decoded twice leaves. (One
+    repeated word is as often a misheard one next to its like: "paper cup in? In the".)"""
+    return {tuple(words[i:i + n]) for n in range(2, 5) for i in range(len(words) - 2 * n + 1)
+            if words[i:i + n] == words[i + n:i + 2 * n]}
+
+
+def test_no_words_repeated_at_seams(transcripts, dialogue):
+    said = [w for u in dialogue[1] for w in tokens(u.text)]
+    heard = tokens(transcripts["verbose_json"]["text"])
+    assert _repeats(heard) <= _repeats(said)
+    segments = transcripts["verbose_json"]["segments"]
+    assert all(a["end"] <= b["start"] + 0.02 for a, b in zip(segments, segments[1:])), "segments overlap"
+
+
+def test_speech_without_pauses_loses_nothing_where_windows_cut_it(server, made):
+    """The monologue: no pause for the windows to end in, so each is cut inside speech and
+    its decode tends to stop at its last complete segment; the seek decodes the rest."""
+    truth = read_truth(made["monologue_truth"])
+    audio = made["monologue"].read_bytes()
+    for fmt in ("json", "verbose_json"):
+        body = _post(server.url, audio, response_format=fmt).json()
+        found = score(truth, body["text"])
+        assert found["missing"] == [], f"{fmt} lost: {found['missing']}"
+        said = [w for u in truth for w in tokens(u.text)]
+        assert _repeats(tokens(body["text"])) <= _repeats(said), body["text"]
+
+
+def test_word_onsets_are_within_the_targets(transcripts):
+    found = transcripts["verbose_json"]["score"]
+    assert found["onset_median_s"] <= 0.2 and found["onset_p90_s"] <= 0.4, found
+
+
+def test_a_long_lead_in_silence_inside_one_window_invents_nothing(server, dialogue):
+    """Audio of at most 30 s: 15 s of silence, then one utterance."""
+    path, truth = dialogue
+    audio, rate = sf.read(path, dtype="float32")
+    first = truth[0]
+    speech = audio[int(first.start * rate):int(first.end * rate)]
+    clip = np.concatenate([np.zeros(15 * rate, np.float32), speech, np.zeros(rate, np.float32)])
+    assert clip.shape[0] / rate <= 30
+    wav = io.BytesIO()
+    sf.write(wav, clip, rate, format="WAV", subtype="PCM_16")
+    body = _post(server.url, wav.getvalue(), response_format="verbose_json",
+                 **{"timestamp_granularities[]": ["word", "segment"]}).json()
+    assert score([Utterance(first.speaker, first.text, 15.0, 15.0 + first.end - first.start)], body["text"],
+                 [(w["word"], w["start"], w["end"]) for w in body["words"]])["words_in_silence"] == 0
+    assert tokens(body["text"])[:2] == tokens(first.text)[:2], body["text"]
