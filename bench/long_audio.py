@@ -3,9 +3,9 @@
     python -m bench.long_audio [--files clean noisy monologue] [--out bench/results/long-audio-DATE.json]
 
 The workloads are support/dialogue.py's conversation, clean and noisy, and its monologue (made
-on the spot). Systems: this service over
-HTTP in json, verbose_json (with word times), srt and vtt; faster-whisper on the same packaged
-model.bin with its defaults, with ``vad_filter=True``, and its BatchedInferencePipeline.
+on the spot). Systems: this service over HTTP in json, verbose_json (with word times), srt
+and vtt, and with ``use_beam_search`` in json and verbose_json; faster-whisper on the same
+packaged model.bin with its defaults, with ``vad_filter=True``, and its BatchedInferencePipeline.
 Figures per system and format: support/transcript_score.py's (WER after Whisper's own English
 normaliser, utterances found, onset error, words inside silences), and ``seconds``, the wall
 time of the request or call.
@@ -28,10 +28,17 @@ from support.packaged_model import ctranslate2_dir
 from support.server_process import ServerProcess
 from support.transcript_score import score, subtitles
 
+# (row name, form fields): the defaults in every format, then beam search (faster-whisper's
+# default decode) in the two formats whose text differs.
+SERVICE_RUNS = [(fmt, {"response_format": fmt}) for fmt in ("json", "verbose_json", "srt", "vtt")] + [
+    (f"{fmt}, use_beam_search", {"response_format": fmt, "use_beam_search": "true"}) for fmt in ("json", "verbose_json")]
+
+
 def service_rows(url: str, path: Path, truth: list[Utterance]) -> dict[str, dict]:
     rows = {}
-    for fmt in ("json", "verbose_json", "srt", "vtt"):
-        data = {"response_format": fmt}
+    for name, fields in SERVICE_RUNS:
+        fmt = fields["response_format"]
+        data = dict(fields)
         if fmt == "verbose_json":
             data["timestamp_granularities[]"] = ["word", "segment"]
         start = time.perf_counter()
@@ -40,14 +47,14 @@ def service_rows(url: str, path: Path, truth: list[Utterance]) -> dict[str, dict
         seconds = time.perf_counter() - start
         r.raise_for_status()
         if fmt == "json":
-            rows[fmt] = score(truth, r.json()["text"]) | {"seconds": round(seconds, 1)}
+            rows[name] = score(truth, r.json()["text"])
         elif fmt == "verbose_json":
             body = r.json()
-            rows[fmt] = score(truth, body["text"], [(w["word"], w["start"], w["end"]) for w in body["words"]]) | {
-                "seconds": round(seconds, 1)}
+            rows[name] = score(truth, body["text"], [(w["word"], w["start"], w["end"]) for w in body["words"]])
         else:
             text, cues = subtitles(r.text)
-            rows[fmt] = score(truth, text, cues=cues) | {"seconds": round(seconds, 1)}
+            rows[name] = score(truth, text, cues=cues)
+        rows[name]["seconds"] = round(seconds, 1)
     return rows
 
 
