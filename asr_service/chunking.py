@@ -46,6 +46,12 @@ def find_cut(audio: np.ndarray, start: int, limit: int, search: int, window: int
     return first + quietest * window + window // 2
 
 
+# Speech with no pause the VAD counts is cut at its quietest 0.1 s within this many seconds
+# before the window's limit: far enough back to find a breath between sentences, rather than
+# cutting a word.
+LONG_SPEECH_SEARCH_S = 5.0
+
+
 def pad_regions(regions: list[tuple[int, int]], pad: int, length: int) -> list[tuple[int, int]]:
     """Speech regions (sorted sample ranges) widened by ``pad`` samples on each side, within the
     audio; where two are closer than twice that, each takes half the silence between them
@@ -65,7 +71,8 @@ def speech_windows(audio: np.ndarray, regions: list[tuple[int, int]], sample_rat
     while it fits and the silence between them is under ``max_gap_seconds`` (Whisper tends to
     end its decode at a long silence and leave the speech after it undecoded). The silence
     between windows is not decoded at all. Only a region longer than ``max_seconds`` (speech
-    with no pause) is cut inside, at its quiet points (split_audio)."""
+    with no pause) is cut inside, at its quietest point in the last LONG_SPEECH_SEARCH_S before
+    each limit (split_audio)."""
     max_len = int(max_seconds * sample_rate)
     max_gap = int(max_gap_seconds * sample_rate)
     spans: list[list[int]] = []
@@ -77,7 +84,7 @@ def speech_windows(audio: np.ndarray, regions: list[tuple[int, int]], sample_rat
     windows: list[AudioChunk] = []
     for start, end in spans:
         windows += [AudioChunk(start + c.start_sample, c.samples, sample_rate)
-                    for c in split_audio(audio[start:end], sample_rate, max_seconds)]
+                    for c in split_audio(audio[start:end], sample_rate, max_seconds, LONG_SPEECH_SEARCH_S)]
     return windows
 
 

@@ -72,6 +72,9 @@ def test_speech_with_no_pause_is_cut_inside_at_a_quiet_point():
     assert windows[1].start_sample == 50 * SR - 800
     assert windows[1].start_sample + windows[1].samples.shape[0] == 75 * SR
     assert speech_windows(audio, []) == []
+    breath = noise(80)
+    breath[46 * SR - 1600 : 46 * SR] = 0.0  # 4 s before the limit: a breath between sentences is found
+    assert speech_windows(breath, [(20 * SR, 75 * SR)])[1].start_sample == 46 * SR - 800
 
 
 def test_padding_widens_regions_and_splits_a_short_silence_between_them():
