@@ -7,6 +7,9 @@ result; the streaming renderer (streaming.py) turns the events into deltas. Chun
 request are submitted together, so they decode concurrently in the engine's batch (one after
 another when each is conditioned on the text before it); results keep their true time offsets.
 
+A window decoded with timestamps whose decode stops before the speech in it ends is decoded
+again from where its text stopped (the seek), streamed or not.
+
 What a streamed run leaves out, because text already shown cannot be taken back: temperature
 fallback and the re-decode of chunks whose language is an outlier.
 """
