@@ -239,7 +239,8 @@ class BatchEngine:
         beams = [self._active[i] for i in slots]
         chosen = group.select([b.as_hypothesis() for b in beams], logprobs[slots].cpu())
         if chosen:
-            self._slots.copy_self_rows(slots[: len(chosen)], [slots[p] for p, _, _ in chosen])
+            self._slots.copy_self_rows(slots[: len(chosen)], [slots[p] for p, _, _ in chosen],
+                                       max(len(b.tokens) for b in beams))
             _take_parents(beams, chosen)
         live = beams[: len(chosen)]
         release = [(i, "pruned") for i in slots[len(chosen) :]]

@@ -93,12 +93,18 @@ class SlotCache:
             k[target] = k[source]
             v[target] = v[source]
 
-    def copy_self_rows(self, targets: list[int], parents: list[int]) -> None:
-        """Beam search: each target slot's self-attention K/V becomes its parent beam's. The
-        right side is gathered (copied) before writing, so a slot may be both."""
+    def copy_self_rows(self, targets: list[int], parents: list[int], length: int) -> None:
+        """Beam search: each target slot's self-attention K/V (its first ``length`` positions,
+        the ones in use) becomes its parent beam's. A beam that continues itself is not copied
+        (most steps move few rows). The right side is gathered (copied) before writing, so a
+        slot may be both."""
+        moves = [(t, p) for t, p in zip(targets, parents) if t != p]
+        if not moves:
+            return
+        to, source = [t for t, _ in moves], [p for _, p in moves]
         for k, v in self.self_kv:
-            k[targets] = k[parents]
-            v[targets] = v[parents]
+            k[to, :, :length] = k[source, :, :length]
+            v[to, :, :length] = v[source, :, :length]
 
 
 def _next_power_of_two(n: int) -> int:
