@@ -276,6 +276,8 @@ def test_unknown_language_names_the_parameter_and_lists_codes(server):
     ({"temperature_fallback": "true", "stream": "true"}, "temperature_fallback"),
     ({"detect_language_per_chunk": "false", "stream": "true"}, "detect_language_per_chunk"),
     ({"allowed_languages[]": "xx"}, "allowed_languages"),
+    ({"chunking_strategy[type]": "server_vad", "chunking_strategy[threshold]": "2"}, "chunking_strategy"),
+    ({"chunking_strategy": "auto", "vad_filter": "false"}, "chunking_strategy"),
 ])
 def test_bad_fields_are_400_naming_the_field(server, fields, param):
     with open(clip_path("en", "hello_world"), "rb") as f:
