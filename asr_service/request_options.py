@@ -177,8 +177,10 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
     )
 
 
-# OpenAI's server_vad fields: (low, high, what they set).
-SERVER_VAD_FIELDS = {"threshold": (0.0, 1.0), "prefix_padding_ms": (0, 5000), "silence_duration_ms": (0, 10000)}
+# OpenAI's server_vad fields: (low, high, the VadSettings field it sets, per unit of that field).
+SERVER_VAD_FIELDS = {"threshold": (0.0, 1.0, "threshold", 1),
+                     "prefix_padding_ms": (0, 5000, "pad_s", 1000),
+                     "silence_duration_ms": (0, 10000, "window_pause_s", 1000)}
 
 
 def _vad_settings(strategy: str | dict | None, vad_filter: bool) -> VadSettings:
@@ -199,21 +201,19 @@ def _vad_settings(strategy: str | dict | None, vad_filter: bool) -> VadSettings:
     if unknown:
         raise OptionError("chunking_strategy", f"Unknown chunking_strategy field(s) {', '.join(unknown)}; "
                                                f"supported: type, {', '.join(SERVER_VAD_FIELDS)}")
-    values = {}
-    for name, (low, high) in SERVER_VAD_FIELDS.items():
+    changes = {}
+    for name, (low, high, field, per_unit) in SERVER_VAD_FIELDS.items():
         if name not in strategy:
             continue
         try:
-            values[name] = float(strategy[name])
+            value = float(strategy[name])
         except (TypeError, ValueError):
-            values[name] = math.nan
-        if not low <= values[name] <= high:  # NaN fails too
+            value = math.nan
+        if not low <= value <= high:  # NaN fails too
             raise OptionError("chunking_strategy", f"chunking_strategy.{name} must be a number from {low} to {high}, "
                                                    f"got {strategy[name]!r}")
-    changes = {"threshold": values.get("threshold"),
-               "pad_s": values["prefix_padding_ms"] / 1000 if "prefix_padding_ms" in values else None,
-               "window_pause_s": values["silence_duration_ms"] / 1000 if "silence_duration_ms" in values else None}
-    return replace(VadSettings(), **{k: v for k, v in changes.items() if v is not None})
+        changes[field] = value / per_unit
+    return replace(VadSettings(), **changes)
 
 
 def _refuse_in_stream(beams: int, fallback: bool | None, per_chunk: bool | None) -> None:
