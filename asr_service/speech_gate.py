@@ -64,10 +64,11 @@ class SpeechGate:
         with self._lock:
             return copy.deepcopy(self._model)
 
-    def speech_regions(self, samples: np.ndarray, min_silence_seconds: float = 0.5, pad_seconds: float = 0.4,
+    def speech_regions(self, samples: np.ndarray, min_silence_seconds: float,
                        threshold: float | None = None) -> list[tuple[int, int]]:
-        """Where the speech is: (start, end) sample ranges, padded, found by Silero's own
-        ``get_speech_timestamps`` (pauses shorter than ``min_silence_seconds`` stay inside)."""
+        """Where the speech is: (start, end) sample ranges as heard, without padding (callers pad:
+        chunking.pad_regions), found by Silero's own ``get_speech_timestamps`` (pauses shorter
+        than ``min_silence_seconds`` stay inside)."""
         from silero_vad import get_speech_timestamps
 
         audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
@@ -76,7 +77,7 @@ class SpeechGate:
                                           sampling_rate=SAMPLE_RATE,
                                           min_speech_duration_ms=round(self._min_frames * FRAME * 1000 / SAMPLE_RATE),
                                           min_silence_duration_ms=round(min_silence_seconds * 1000),
-                                          speech_pad_ms=round(pad_seconds * 1000))
+                                          speech_pad_ms=0)
         return [(int(r["start"]), int(r["end"])) for r in found]
 
     def has_speech(self, samples: np.ndarray, threshold: float | None = None) -> bool:

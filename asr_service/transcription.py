@@ -260,7 +260,7 @@ class Transcriber:
             start = max(0, onset - pad)
             return WindowPlan([AudioChunk(start, audio[start:], rate)], [(onset, audio.shape[0])])
         # CPU work: off the event loop.
-        speech = await asyncio.to_thread(self.gate.speech_regions, audio, vad.min_silence_s, 0.0, vad.threshold)
+        speech = await asyncio.to_thread(self.gate.speech_regions, audio, vad.min_silence_s, vad.threshold)
         regions = pad_regions(speech, pad, audio.shape[0])
         return WindowPlan(speech_windows(audio, regions, rate, cfg.max_clip_seconds, vad.padded_gap_s), speech)
 
@@ -349,9 +349,9 @@ class Transcriber:
         offset = round((covered + SEGMENT_END_SLACK_S) * rate)
         if chunk.samples.shape[0] - offset < UNCOVERED_SPEECH_S * rate:
             return None
-        # CPU work: off the event loop. Unpadded regions: the speech itself is counted.
+        # CPU work: off the event loop. The regions are unpadded: the speech itself is counted.
         regions = await asyncio.to_thread(self.gate.speech_regions, chunk.samples[offset:], options.vad.min_silence_s,
-                                          0.0, options.vad.threshold)
+                                          options.vad.threshold)
         if sum(end - start for start, end in regions) < UNCOVERED_SPEECH_S * rate:
             return None
         return max(covered, (offset + regions[0][0]) / rate - SEEK_LEAD_S)
