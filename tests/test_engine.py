@@ -51,6 +51,23 @@ async def test_probe_reports_language_and_no_speech_probabilities(runtime):
     assert adapter.no_speech_probability(silence.probe_probs) > adapter.no_speech_probability(speech.probe_probs)
 
 
+async def test_sequences_decode_the_same_alone_and_beside_beam_searches(runtime):
+    """Beams of one search share their window's cross-attention K/V (one audio slot). A greedy
+    decode beside beam searches, and each search beside the others, yields exactly the tokens it
+    yields alone, also while other sequences finish and their slots are reused mid-decode."""
+    adapter, engine = runtime.adapter, runtime.engine
+    greedy, detecting = adapter.build_prompt("en"), adapter.build_fused_autodetect_params()
+    work = [(load_clip("en", "hello_world"), greedy),
+            (load_clip("es", "pangrama"), replace(detecting, beam_size=4)),
+            (load_clip("en", "counting"), replace(greedy, beam_size=4)),
+            (load_clip("en", "quick_brown_fox"), detecting)]
+    alone = [await engine.submit(audio, params).collect() for audio, params in work]
+    together = await asyncio.gather(*(engine.submit(audio, params).collect() for audio, params in work))
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert all(r.finish_reason == "stop" for r in together)
+    assert engine.figures().active_sequences == 0
+
+
 @pytest.mark.parametrize("quantize", ["int8", "bf16"])
 def test_reduced_precision_engine_still_transcribes(quantize):
     """--quantize int8 (quantized linear layers) and bf16 (bfloat16 encoder): same pipeline."""

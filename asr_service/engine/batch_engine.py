@@ -1,8 +1,8 @@
 """The embedded engine: many sequences, one model, one thread.
 
 Continuous batching on torch: new sequences are admitted between steps (up to
-``max_encode_batch`` encoder windows at a time, their cross-attention K/V computed once into a
-slot of the SlotCache), and every step advances all active sequences by one token through the
+``max_encode_batch`` encoder windows at a time, their cross-attention K/V computed once into an
+audio slot of the SlotCache, which the beams of one search share), and every step advances all active sequences by one token through the
 logits pipeline (probe, grammar mask, Whisper rules, token choice).
 
 Callers live on an asyncio loop; the model runs on a worker thread (torch releases the GIL
@@ -28,7 +28,7 @@ from .encoder_cache import EncoderCache
 from .features import log_mel_spectrogram
 from .interface import EngineFigures
 from .logits import GrammarMask, apply_whisper_rules, choose_tokens
-from .model import Whisper
+from .model import SharedAudio, Whisper
 from .params import DecodeParams, StepEvent, UnsupportedDecode
 from .sequence import DecodingSequence
 from .slot_cache import SlotCache
@@ -57,7 +57,8 @@ class BatchEngine:
         if threads:
             torch.set_num_threads(threads)
         self._pending: collections.deque[DecodingSequence] = collections.deque()
-        self._active: list[DecodingSequence] = []
+        self._active: list[DecodingSequence] = []  # row i of the caches is _active[i]
+        self._audio_readers: list[int] = []  # audio slot i of the caches is read by this many rows
         self._wake = threading.Condition()
         self._stopping = False
         self._slots = SlotCache(self.dims, max_batch_size, self.device, self.dtype)
@@ -123,6 +124,7 @@ class BatchEngine:
                     if not seq.stream.result.finish_reason:
                         self._finish(seq, "error", str(e))
                 self._active.clear()
+                self._audio_readers.clear()
         for seq in list(self._pending) + self._active:
             self._finish(seq, "cancelled")
 
@@ -154,8 +156,20 @@ class BatchEngine:
     def _admit(self, seqs: list[DecodingSequence]) -> None:
         first = len(self._active)
         self._slots.ensure(first + len(seqs), max(len(s.tokens) for s in seqs), in_use=first)
-        audio_features = self._encoder.features([s.audio for s in seqs])
-        self._slots.write_cross(first, [layer.cross_kv_for(audio_features) for layer in self.model.decoder.layers])
+        first_audio = len(self._audio_readers)
+        audio_of: dict[int, int] = {}  # id of a search (its beam group, or the sequence) -> its audio slot
+        readers: list[DecodingSequence] = []  # one sequence per new audio slot
+        for seq in seqs:
+            search = id(seq.group if seq.group is not None else seq)
+            if search not in audio_of:
+                audio_of[search] = first_audio + len(readers)
+                readers.append(seq)
+                self._audio_readers.append(0)
+            seq.audio_slot = audio_of[search]
+            self._audio_readers[seq.audio_slot] += 1
+        self._slots.ensure_audios(len(self._audio_readers), in_use=first_audio)
+        audio_features = self._encoder.features([s.audio for s in readers])
+        self._slots.write_cross(first_audio, [layer.cross_kv_for(audio_features) for layer in self.model.decoder.layers])
         for i, seq in enumerate(seqs):
             self._active.append(seq)
             self._prefill(first + i, seq)
@@ -167,7 +181,7 @@ class BatchEngine:
             return
         tokens = torch.tensor([seq.tokens[:n]], device=self.device)
         positions = torch.arange(n, device=self.device)[None]
-        caches, cross = self._slots.slot_views(slot, n)
+        caches, cross = self._slots.row_views(slot, n, seq.audio_slot)
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()[None, None]
         hidden = self.model.decoder(tokens, positions, caches, cross, causal)
         p = seq.params
@@ -186,10 +200,23 @@ class BatchEngine:
         tokens = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.device)
         length = max(len(s.tokens) for s in seqs)
         self._slots.ensure(n, length, in_use=n)
-        caches, cross = self._slots.batch_views(n, length)
+        caches, cross = self._slots.batch_views(n, length, len(self._audio_readers))
         mask = (torch.arange(length, device=self.device)[None, :] <= positions)[:, None, None, :]
-        hidden = self.model.decoder(tokens, positions, caches, cross, mask)
+        hidden = self.model.decoder(tokens, positions, caches, cross, mask, self._shared_audio(seqs))
         return self.model.decoder.logits(hidden[:, 0]).float()
+
+    def _shared_audio(self, seqs: list[DecodingSequence]) -> SharedAudio | None:
+        """How the rows map onto audio slots; None when row i reads audio i (no beams)."""
+        audio = [s.audio_slot for s in seqs]
+        if len(self._audio_readers) == len(seqs) and audio == list(range(len(seqs))):
+            return None
+        seen: collections.Counter[int] = collections.Counter()
+        rank = []
+        for a in audio:
+            rank.append(seen[a])
+            seen[a] += 1
+        return SharedAudio(torch.tensor(audio, device=self.device), torch.tensor(rank, device=self.device),
+                           max(seen.values()))
 
     def _step(self) -> None:
         seqs = self._active
@@ -254,7 +281,7 @@ class BatchEngine:
         result = head.stream.result
         result.token_ids, result.logprobs = list(best.tokens), list(best.logprobs)
         if head.params.alignment_heads:
-            self._record_cross_attention(slots[0], head, list(head.params.prompt_ids) + best.tokens)
+            self._record_cross_attention(head, list(head.params.prompt_ids) + best.tokens)
         for token, lp in zip(best.tokens, best.logprobs):
             head.stream.emit(StepEvent(token, lp))
         group.finish_reason = "stop" if best.tokens and best.tokens[-1] == group.eot_id else "length"
@@ -264,12 +291,13 @@ class BatchEngine:
         """Finish the sequence in ``index`` and move the last active sequence into its slot."""
         seq = self._active[index]
         if seq.params.alignment_heads and reason in ("stop", "length") and seq.group is None:
-            self._record_cross_attention(index, seq, seq.tokens)
+            self._record_cross_attention(seq, seq.tokens)
         last = len(self._active) - 1
         if index != last:
-            self._slots.move(last, index, len(self._active[last].tokens))
+            self._slots.move_row(last, index, len(self._active[last].tokens))
             self._active[index] = self._active[last]
         self._active.pop()
+        self._stop_reading(seq.audio_slot)
         if seq.group is not None:
             seq.group.live -= 1
             if seq.group.live > 0:
@@ -277,12 +305,27 @@ class BatchEngine:
             reason = seq.group.finish_reason or reason
         self._finish(seq, reason)
 
-    def _record_cross_attention(self, slot: int, seq: DecodingSequence, all_tokens: list[int]) -> None:
-        """While the slot still holds the audio's K/V: the alignment heads' attention for every
-        generated token of ``all_tokens`` (prompt + generated), from one teacher-forced pass
-        (word timing needs it, decoding does not)."""
+    def _stop_reading(self, audio: int) -> None:
+        """A row no longer reads audio slot ``audio``; the slot is freed (the last audio slot moves
+        into it) when no row does."""
+        self._audio_readers[audio] -= 1
+        if self._audio_readers[audio]:
+            return
+        last = len(self._audio_readers) - 1
+        if audio != last:
+            self._slots.move_audio(last, audio)
+            self._audio_readers[audio] = self._audio_readers[last]
+            for seq in self._active:
+                if seq.audio_slot == last:
+                    seq.audio_slot = audio
+        self._audio_readers.pop()
+
+    def _record_cross_attention(self, seq: DecodingSequence, all_tokens: list[int]) -> None:
+        """While the sequence's audio slot still holds the audio's K/V: the alignment heads'
+        attention for every generated token of ``all_tokens`` (prompt + generated), from one
+        teacher-forced pass (word timing needs it, decoding does not)."""
         tokens = torch.tensor([all_tokens[:-1]], device=self.device)  # inputs: each position predicts the next token
-        _, cross = self._slots.slot_views(slot, 0)
+        cross = self._slots.audio_views(seq.audio_slot)
         weights = self.model.decoder.cross_attention(tokens, cross, list(seq.params.alignment_heads))
         first = len(seq.params.prompt_ids) - 1
         seq.stream.result.cross_attention = weights[:, first:].float().cpu().numpy()

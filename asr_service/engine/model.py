@@ -49,6 +49,26 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, t, h * hd)
 
 
+@dataclass(frozen=True)
+class SharedAudio:
+    """Rows that read the same audio's cross-attention K/V (the beams of one search), for a
+    one-token step: row i's query becomes query ``rank[i]`` of audio ``audio[i]``, so each
+    audio's K/V (the largest thing a step reads) is read once for all its rows."""
+    audio: torch.Tensor  # [rows] the audio slot each row reads
+    rank: torch.Tensor  # [rows] the row's place among that audio's rows
+    rows_per_audio: int  # the most rows any audio has
+
+
+def _cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shared: SharedAudio | None) -> torch.Tensor:
+    """q [rows, H, T, hd] against k/v [audios, H, frames, hd]: one audio per row, or as
+    ``shared`` says (then T is 1)."""
+    if shared is None:
+        return F.scaled_dot_product_attention(q, k, v)
+    grouped = q.new_zeros(k.shape[0], q.shape[1], shared.rows_per_audio, q.shape[-1])
+    grouped[shared.audio, :, shared.rank] = q[:, :, 0]
+    return F.scaled_dot_product_attention(grouped, k, v)[shared.audio, :, shared.rank].unsqueeze(2)
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, d: int, n_head: int):
         super().__init__()
@@ -115,12 +135,14 @@ class DecoderLayer(nn.Module):
         write_index: torch.Tensor,
         attn_mask: torch.Tensor,
         attention_heads: list[int] | None = None,
+        shared: SharedAudio | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """One decoder layer over new tokens x [B, T, d].
 
         self_k/self_v [B, H, T_ctx, hd] are cache views written in place at write_index
         [B, T] (the positions of the new tokens); attn_mask [B, 1, T, T_ctx] says which cache
-        positions each new token may see. With ``attention_heads`` it also returns those
+        positions each new token may see; cross_k/cross_v hold one audio per row unless ``shared``
+        maps rows onto them. With ``attention_heads`` it also returns those
         heads' cross-attention weights [B, len(heads), T, T_audio] (for word timing).
         """
         h = self.n_head
@@ -132,7 +154,7 @@ class DecoderLayer(nn.Module):
         a = F.scaled_dot_product_attention(q, self_k, self_v, attn_mask=attn_mask)
         x = x + self.self_out(_merge_heads(a))
         q = _split_heads(self.cross_q(self.cross_ln(x)), h)
-        a = F.scaled_dot_product_attention(q, cross_k, cross_v)
+        a = _cross_attention(q, cross_k, cross_v, shared)
         x = x + self.cross_out(_merge_heads(a))
         x = x + self.mlp(self.mlp_ln(x))
         if attention_heads is None:
@@ -152,12 +174,12 @@ class TextDecoder(nn.Module):
         # Set by quantization: a (quantized) linear layer standing in for the tied projection.
         self.output_projection: nn.Module | None = None
 
-    def forward(self, tokens, positions, caches, cross, attn_mask) -> torch.Tensor:
+    def forward(self, tokens, positions, caches, cross, attn_mask, shared: SharedAudio | None = None) -> torch.Tensor:
         """tokens/positions [B, T] -> hidden states [B, T, d] (logits are taken by the caller,
         only where needed: the vocabulary projection is the costliest matmul of a step)."""
         x = self.token_embedding(tokens) + self.positions[positions]
         for layer, (sk, sv), (ck, cv) in zip(self.layers, caches, cross):
-            x = layer(x, sk, sv, ck, cv, positions, attn_mask)
+            x = layer(x, sk, sv, ck, cv, positions, attn_mask, shared=shared)
         return self.ln(x)
 
     def cross_attention(self, tokens: torch.Tensor, cross: list, heads: list[tuple[int, int]]) -> torch.Tensor:

@@ -25,6 +25,7 @@ class DecodingSequence:
     generator: torch.Generator | None = None
     group: BeamGroup | None = None  # set: this is one beam of a beam-search sequence
     beam_logprobs: list[float] = field(default_factory=list)  # a beam's generated log-probabilities
+    audio_slot: int = -1  # the engine's audio slot (cross-attention K/V) it reads, once admitted
 
     def __post_init__(self):
         self.tokens = []

@@ -1,9 +1,13 @@
-"""The decoder's per-slot caches: self-attention K/V and the audio's cross-attention K/V.
+"""The decoder's caches: self-attention K/V per row, cross-attention K/V per audio window.
 
-One slot per active sequence (per beam). Tensors grow with the load (powers of two, up to the
-limits), so memory follows the batch sizes and sequence lengths actually seen. Active
-sequences always occupy slots 0..n-1: a finished sequence's slot is filled by the last one, so
-each step works on plain views.
+A row is one sequence being decoded (one beam of a beam search); an audio slot holds the
+cross-attention K/V of one encoded window. Beams of one search share their window's audio slot:
+cross-attention reads that K/V once for all of them (it is the largest thing a step reads), and
+the admission computes it once.
+
+Tensors grow with the load (powers of two, up to the limits), so memory follows the batch sizes
+and sequence lengths actually seen. Active rows always occupy 0..n-1 and active audios
+0..a-1: a finished one's place is filled by the last, so each step works on plain views.
 """
 
 from __future__ import annotations
@@ -20,84 +24,104 @@ KV = tuple[torch.Tensor, torch.Tensor]
 
 
 class SlotCache:
-    def __init__(self, dims: WhisperDims, max_slots: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, dims: WhisperDims, max_rows: int, device: torch.device, dtype: torch.dtype):
         self.dims = dims
-        self.max_slots = max_slots
+        self.max_rows = max_rows
         self.device, self.dtype = device, dtype
-        self.self_kv: list[KV] = []  # per decoder layer: [slots, heads, positions, head dim]
-        self.cross_kv: list[KV] = []  # per decoder layer: [slots, heads, audio frames, head dim]
+        self.self_kv: list[KV] = []  # per decoder layer: [rows, heads, positions, head dim]
+        self.cross_kv: list[KV] = []  # per decoder layer: [audios, heads, audio frames, head dim]
 
     @property
-    def slots(self) -> int:
+    def rows(self) -> int:
         return self.self_kv[0][0].shape[0] if self.self_kv else 0
 
     @property
     def positions(self) -> int:
         return self.self_kv[0][0].shape[2] if self.self_kv else 0
 
-    def ensure(self, slots: int, length: int, in_use: int) -> None:
-        """Room for ``slots`` sequences of ``length`` positions, keeping the first ``in_use``
-        slots' contents. Layers are replaced one at a time, so a growth never holds two full
-        copies of the caches."""
-        have_slots, have_length = self.slots, self.positions
-        if slots <= have_slots and length <= have_length:
+    @property
+    def audios(self) -> int:
+        return self.cross_kv[0][0].shape[0] if self.cross_kv else 0
+
+    def ensure(self, rows: int, length: int, in_use: int) -> None:
+        """Room for ``rows`` rows of ``length`` positions, keeping the first ``in_use`` rows'
+        contents."""
+        have_rows, have_length = self.rows, self.positions
+        if rows <= have_rows and length <= have_length:
             return
         d = self.dims
-        capacity = max(have_slots, min(self.max_slots, _next_power_of_two(slots)))
+        capacity = max(have_rows, min(self.max_rows, _next_power_of_two(rows)))
         self_length = max(have_length, min(d.n_text_ctx, _next_power_of_two(max(length, 64))))
+        self._grow(self.self_kv, capacity, self_length, in_use)
+        log.info("self-attention caches grown to %d rows x %d positions", capacity, self_length)
+
+    def ensure_audios(self, audios: int, in_use: int) -> None:
+        """Room for ``audios`` audio windows, keeping the first ``in_use``."""
+        if audios <= self.audios:
+            return
+        capacity = max(self.audios, min(self.max_rows, _next_power_of_two(audios)))
+        self._grow(self.cross_kv, capacity, self.dims.n_audio_ctx, in_use)
+        log.info("cross-attention caches grown to %d audio windows", capacity)
+
+    def _grow(self, layers: list[KV], capacity: int, positions: int, in_use: int) -> None:
+        """Reallocate ``layers`` (in place) to [capacity, heads, positions, head dim], one layer at
+        a time, so a growth never holds two full copies of the caches."""
+        d = self.dims
         head_dim = d.n_text_state // d.n_text_head
 
-        def grow(old: torch.Tensor | None, positions: int) -> torch.Tensor:
+        def grown(old: torch.Tensor | None) -> torch.Tensor:
             new = torch.zeros(capacity, d.n_text_head, positions, head_dim, device=self.device, dtype=self.dtype)
             if old is not None and in_use:
                 keep = min(positions, old.shape[2])
                 new[:in_use, :, :keep] = old[:in_use, :, :keep]
             return new
 
-        if not self.self_kv:
-            self.self_kv = [(None, None)] * d.n_text_layer
-            self.cross_kv = [(None, None)] * d.n_text_layer
+        if not layers:
+            layers.extend([(None, None)] * d.n_text_layer)
         for i in range(d.n_text_layer):
-            k, v = self.self_kv[i]
-            self.self_kv[i] = None  # drop our reference first: the old layer is freed as soon as copied
-            self.self_kv[i] = (grow(k, self_length), grow(v, self_length))
-            if capacity != have_slots:
-                k, v = self.cross_kv[i]
-                self.cross_kv[i] = None
-                self.cross_kv[i] = (grow(k, d.n_audio_ctx), grow(v, d.n_audio_ctx))
+            k, v = layers[i]
+            layers[i] = None  # drop the list's reference first: the old layer is freed as soon as copied
+            layers[i] = (grown(k), grown(v))
             del k, v
-        log.info("decode caches grown to %d slots x %d positions", capacity, self_length)
 
-    def batch_views(self, n: int, length: int) -> tuple[list[KV], list[KV]]:
-        """(self K/V over ``length`` positions, cross K/V) of slots 0..n-1."""
-        return ([(k[:n, :, :length], v[:n, :, :length]) for k, v in self.self_kv],
-                [(k[:n], v[:n]) for k, v in self.cross_kv])
+    def batch_views(self, rows: int, length: int, audios: int) -> tuple[list[KV], list[KV]]:
+        """(self K/V of rows 0..rows-1 over ``length`` positions, cross K/V of audios 0..audios-1)."""
+        return ([(k[:rows, :, :length], v[:rows, :, :length]) for k, v in self.self_kv],
+                [(k[:audios], v[:audios]) for k, v in self.cross_kv])
 
-    def slot_views(self, slot: int, length: int) -> tuple[list[KV], list[KV]]:
-        """(self K/V over ``length`` positions, cross K/V) of one slot, batch dimension kept."""
-        return ([(k[slot : slot + 1, :, :length], v[slot : slot + 1, :, :length]) for k, v in self.self_kv],
-                [(k[slot : slot + 1], v[slot : slot + 1]) for k, v in self.cross_kv])
+    def row_views(self, row: int, length: int, audio: int) -> tuple[list[KV], list[KV]]:
+        """(self K/V of one row over ``length`` positions, cross K/V of its audio), batch
+        dimension kept."""
+        return ([(k[row : row + 1, :, :length], v[row : row + 1, :, :length]) for k, v in self.self_kv],
+                self.audio_views(audio))
+
+    def audio_views(self, audio: int) -> list[KV]:
+        """The cross K/V of one audio slot, batch dimension kept."""
+        return [(k[audio : audio + 1], v[audio : audio + 1]) for k, v in self.cross_kv]
 
     def write_cross(self, first: int, per_layer: list[KV]) -> None:
-        """Store the audio's cross-attention K/V (one entry per layer) from slot ``first`` on."""
+        """Store audio windows' cross-attention K/V (one entry per layer) from audio slot ``first`` on."""
         for (ck, cv), (k, v) in zip(self.cross_kv, per_layer):
             ck[first : first + k.shape[0]] = k
             cv[first : first + v.shape[0]] = v
 
-    def move(self, source: int, target: int, length: int) -> None:
-        """Slot ``source`` (``length`` positions used) takes over slot ``target``."""
+    def move_row(self, source: int, target: int, length: int) -> None:
+        """Row ``source`` (``length`` positions used) takes over row ``target``."""
         for k, v in self.self_kv:
             k[target, :, :length] = k[source, :, :length]
             v[target, :, :length] = v[source, :, :length]
+
+    def move_audio(self, source: int, target: int) -> None:
+        """Audio slot ``source`` takes over audio slot ``target``."""
         for k, v in self.cross_kv:
             k[target] = k[source]
             v[target] = v[source]
 
     def copy_self_rows(self, targets: list[int], parents: list[int], length: int) -> None:
-        """Beam search: each target slot's self-attention K/V (its first ``length`` positions,
+        """Beam search: each target row's self-attention K/V (its first ``length`` positions,
         the ones in use) becomes its parent beam's. A beam that continues itself is not copied
         (most steps move few rows). The right side is gathered (copied) before writing, so a
-        slot may be both."""
+        row may be both."""
         moves = [(t, p) for t, p in zip(targets, parents) if t != p]
         if not moves:
             return
