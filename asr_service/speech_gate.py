@@ -5,8 +5,14 @@ Whisper answers silence, noise and music with fluent sentences ("you", "Thank yo
 always catch. Silero VAD (the ``silero-vad`` PyPI package, which carries its weights) runs on
 torch, rejects noise and tones, and is cheap next to a Whisper decode. The gate's scan stops at
 the first stretch of speech, so windows with speech pay almost nothing and only windows without
-it are scanned to the end, which then skip the Whisper decode entirely. Finding every region
-of speech (speech_regions, for long audio) scans everything: several times the cost.
+it are scanned to the end, which then skip the Whisper decode entirely.
+
+Finding every region of speech (speech_regions, for long audio) scans everything. Silero steps
+one 32 ms frame at a time, and a step costs the same for one frame as for a batch of them, so
+the audio is scanned as parallel streams of STREAM_FRAMES frames, each started WARM_UP_FRAMES
+early so its recurrent state has heard the audio before its first frame (the probabilities near
+a stream's start are close to, not the same as, a scan from the beginning), and Silero's own
+region rules (get_speech_timestamps_from_probs) run on the joined probabilities.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import torch
 from .pcm import SAMPLE_RATE
 
 FRAME = 512  # samples per Silero step at 16 kHz
+STREAM_FRAMES = 156  # ~5 s per parallel stream of speech_regions' scan
+WARM_UP_FRAMES = 125  # ~4 s heard by each stream before its own frames
 
 
 @dataclass(frozen=True)
@@ -69,16 +77,36 @@ class SpeechGate:
         """Where the speech is: (start, end) sample ranges as heard, without padding (callers pad:
         chunking.pad_regions), found by Silero's own ``get_speech_timestamps`` (pauses shorter
         than ``min_silence_seconds`` stay inside)."""
-        from silero_vad import get_speech_timestamps
+        from silero_vad.utils_vad import get_speech_timestamps_from_probs
 
-        audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
-        with self._lock, torch.inference_mode(), _one_thread():
-            found = get_speech_timestamps(audio, self._model, threshold=self.threshold if threshold is None else threshold,
-                                          sampling_rate=SAMPLE_RATE,
-                                          min_speech_duration_ms=round(self._min_frames * FRAME * 1000 / SAMPLE_RATE),
-                                          min_silence_duration_ms=round(min_silence_seconds * 1000),
-                                          speech_pad_ms=0)
+        found = get_speech_timestamps_from_probs(self._frame_probabilities(samples), sampling_rate=SAMPLE_RATE,
+                                                 threshold=self.threshold if threshold is None else threshold,
+                                                 min_speech_duration_ms=round(self._min_frames * FRAME * 1000 / SAMPLE_RATE),
+                                                 min_silence_duration_ms=round(min_silence_seconds * 1000),
+                                                 speech_pad_ms=0, audio_length_samples=len(samples))
         return [(int(r["start"]), int(r["end"])) for r in found]
+
+    def _frame_probabilities(self, samples: np.ndarray) -> list[float]:
+        """Silero's speech probability for every frame (the last one zero-padded), scanned as
+        parallel streams (module docstring)."""
+        frames = -(-len(samples) // FRAME)
+        padded = np.zeros(frames * FRAME, dtype=np.float32)
+        padded[: len(samples)] = samples
+        by_frame = torch.from_numpy(padded).view(frames, FRAME)
+        starts = torch.arange(0, frames, STREAM_FRAMES)
+        # Row b of `heard` is stream b's input: the frames from WARM_UP_FRAMES before its start on
+        # (frames outside the audio stay silent).
+        steps = WARM_UP_FRAMES + STREAM_FRAMES
+        index = starts[:, None] - WARM_UP_FRAMES + torch.arange(steps)[None, :]
+        inside = (index >= 0) & (index < frames)
+        heard = torch.zeros(len(starts), steps, FRAME)
+        heard[inside] = by_frame[index[inside]]
+        probabilities = torch.empty(len(starts), steps)
+        with self._lock, torch.inference_mode(), _one_thread():
+            self._model.reset_states()
+            for step in range(steps):
+                probabilities[:, step] = self._model(heard[:, step], SAMPLE_RATE)[:, 0]
+        return probabilities[:, WARM_UP_FRAMES:].flatten()[:frames].tolist()
 
     def has_speech(self, samples: np.ndarray, threshold: float | None = None) -> bool:
         return self.speech_start(samples, threshold) is not None

@@ -317,7 +317,11 @@ class Transcriber:
             shown, joiner = self._window_text(outcome, options), self.adapter.joiner(language)
             follow = None if report is None else (
                 lambda text, j, shown=shown, joiner=joiner: report(shown + joiner + text.lstrip() if shown else text, j))
-            outcome.pieces.append(await self._decode_chunk(rest, replace(options, language=language), previous_text,
+            # The window's text so far conditions the continuation (as the sequential algorithm
+            # conditions each window on the last): a short rest of audio decoded without it is
+            # often misheard.
+            context = " ".join(t for t in (previous_text or options.previous_text, shown) if t)
+            outcome.pieces.append(await self._decode_chunk(rest, replace(options, language=language), context or None,
                                                            follow))
         return outcome
 
