@@ -54,8 +54,12 @@ class WhisperAdapter(TranscriptionAdapter):
         """``<|startofprev|>`` + previous text, truncated from the left to half the context."""
         if not previous_text or not previous_text.strip():
             return []
-        ids = self.tok.encode(" " + previous_text.strip())
-        return [self.tok.sot_prev] + ids[-(self.n_text_ctx // 2 - 1) :]
+        budget = self.n_text_ctx // 2 - 1
+        # Only the end of a long text is kept, so it is cut by characters before tokenizing: the
+        # last budget x longest-token characters hold at least ``budget`` tokens, and a prompt of
+        # megabytes costs what one that fits costs (this runs on the event loop, per decode).
+        text = previous_text.strip()[-budget * self.tok.longest_text_token :]
+        return [self.tok.sot_prev] + self.tok.encode(" " + text)[-budget:]
 
     def _params(self, prompt: list[int], key: GrammarKey, probe_index: int, extra_prefix: int) -> DecodeParams:
         tok = self.tok

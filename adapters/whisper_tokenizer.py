@@ -57,6 +57,12 @@ class WhisperTokenizer:
         names = {self._by_id[i] for i in self.special_ids if i in self._by_id}
         return tuple(sorted(names, key=len, reverse=True))
 
+    @cached_property
+    def longest_text_token(self) -> int:
+        """The most bytes, so also the most characters, that one text token spells (the
+        vocabulary's strings are byte-level: one character per byte)."""
+        return max(len(self._by_id.get(i, "")) for i in range(self.eot))
+
     def token_string(self, token_id: int) -> str:
         if token_id >= self.timestamp_begin:
             return "<|%.2f|>" % self.timestamp_seconds(token_id)

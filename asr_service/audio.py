@@ -17,6 +17,9 @@ from .pcm import SAMPLE_RATE
 
 DEFAULT_MAX_BYTES = 25 * 1024 * 1024
 DEFAULT_MAX_SECONDS = 3 * 3600.0
+# Below this rate there is no intelligible speech (telephony is 8 kHz), and a file at a few Hz
+# is a decompression bomb: a few kilobytes that resample into hours of 16 kHz samples.
+MIN_SAMPLE_RATE = 4000
 
 
 class AudioError(ValueError):
@@ -64,6 +67,19 @@ def _downmix(frame: av.AudioFrame) -> av.AudioFrame:
     return out
 
 
+def _low_rate(rate: int) -> str:
+    return f"a sample rate of {rate} Hz is below {MIN_SAMPLE_RATE} Hz, too low for speech"
+
+
+def _check_declared(stream: av.audio.stream.AudioStream, limits: AudioLimits) -> None:
+    """Refuse what the stream's header already says is unusable, before decoding anything."""
+    if stream.sample_rate and stream.sample_rate < MIN_SAMPLE_RATE:
+        raise InvalidAudioError(_low_rate(stream.sample_rate))
+    if stream.duration and stream.time_base and float(stream.duration * stream.time_base) > limits.max_seconds:
+        raise AudioTooLongError(f"audio of {float(stream.duration * stream.time_base):.0f} seconds (as its header "
+                                f"says) is longer than the limit of {limits.max_seconds:g} seconds")
+
+
 def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> np.ndarray:
     if not data:
         raise InvalidAudioError("the file is empty")
@@ -77,8 +93,11 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> np.ndarray
             stream = next((s for s in container.streams if s.type == "audio"), None)
             if stream is None:
                 raise InvalidAudioError("no audio stream found")
+            _check_declared(stream, limits)
             resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
             for frame in container.decode(stream):
+                if frame.sample_rate < MIN_SAMPLE_RATE:  # a stream may change its rate midway
+                    raise InvalidAudioError(_low_rate(frame.sample_rate))
                 if frame.layout.nb_channels > MAX_RESAMPLER_CHANNELS:
                     frame = _downmix(frame)
                 for out in resampler.resample(frame):

@@ -81,3 +81,14 @@ def test_language_validation_and_probabilities(adapter, tok):
     assert "xx" in str(e.value) and "en" in e.value.supported
     probs = adapter.language_probabilities({tok.language_ids["en"]: 0.3, tok.language_ids["fr"]: 0.1}, ("en", "fr"))
     assert abs(probs["en"] - 0.75) < 1e-9 and abs(sum(probs.values()) - 1) < 1e-9
+
+
+@pytest.mark.parametrize("unit", ["hello ", "Grüße, 世界! 🎙️ ", "=" * 40 + " "])
+def test_a_huge_prompt_keeps_the_tokens_a_full_tokenization_keeps(adapter, tok, unit):
+    """The prompt is cut by characters before it is tokenized (so megabytes cost what a short
+    prompt costs); the context tokens are exactly the last ones of the whole text's tokens."""
+    text = unit * (200_000 // len(unit))
+    budget = adapter.n_text_ctx // 2 - 1
+    prompt = adapter.build_prompt("en", previous_text=text).prompt_ids
+    assert list(prompt[: budget + 1]) == [tok.sot_prev] + tok.encode(" " + text.strip())[-budget:]
+    assert prompt[budget + 1] == tok.sot

@@ -101,7 +101,35 @@ def test_upload_limit():
 
 
 def test_duration_limit_stops_decoding_early():
-    data = encode("flac", "flac", seconds=4.0)
-    with pytest.raises(AudioTooLongError):
+    data = encode("webm", "libopus", seconds=4.0)  # its stream declares no duration: found while decoding
+    with pytest.raises(AudioTooLongError) as e:
         decode_audio(data, AudioLimits(max_seconds=2.0))
+    assert "header" not in str(e.value)
     assert decode_audio(data, AudioLimits(max_seconds=5.0)).shape[0] > 60000
+
+
+def _wav_header(rate: int, samples: int) -> bytes:
+    """A RIFF/WAVE header for 8-bit mono PCM at ``rate``, ``samples`` bytes of data."""
+    fmt = (16).to_bytes(4, "little") + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") \
+        + rate.to_bytes(4, "little") + rate.to_bytes(4, "little") + (1).to_bytes(2, "little") + (8).to_bytes(2, "little")
+    body = b"WAVE" + b"fmt " + fmt + b"data" + samples.to_bytes(4, "little")
+    return b"RIFF" + (len(body) + samples).to_bytes(4, "little") + body
+
+
+def test_a_tiny_file_at_one_hertz_is_refused_before_decoding():
+    """10,844 bytes that would resample into 3 hours of 16 kHz audio (a decompression bomb)."""
+    bomb = _wav_header(1, 10_800) + bytes([128]) * 10_800
+    with pytest.raises(InvalidAudioError) as e:
+        decode_audio(bomb)
+    assert "sample rate of 1 Hz" in str(e.value)
+
+
+def test_speech_rates_from_telephony_up_are_accepted():
+    assert decode_audio(encode("wav", "pcm_s16le", seconds=1.0, rate=8000, layout="mono")).shape[0] == 16000
+
+
+def test_a_header_that_declares_too_long_a_duration_is_refused_before_decoding():
+    data = encode("flac", "flac", seconds=4.0)
+    with pytest.raises(AudioTooLongError) as e:
+        decode_audio(data, AudioLimits(max_seconds=2.0))
+    assert "as its header says" in str(e.value)

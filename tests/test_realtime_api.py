@@ -229,6 +229,8 @@ async def test_faults_get_error_events_and_the_session_still_transcribes(ws_url)
         await expect_error(ws, "unknown_event")
         await ws.send("{not json")
         await expect_error(ws, "invalid_json")
+        await ws.send("[" * 100_000 + "]" * 100_000)  # deeper than Python's recursion limit
+        await expect_error(ws, "invalid_json")
         await ws.send(b"\x00\x01")
         await expect_error(ws, "invalid_event")
         await ws.send(json.dumps({"type": "session.update", "language": "xx"}))

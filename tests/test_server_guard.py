@@ -69,6 +69,8 @@ def test_every_route_needs_a_key(server, method, path):
 
 def test_health_and_the_page_stay_open(server):
     assert httpx.get(server.url + "/health").status_code == 200
+    head = httpx.head(server.url + "/health")  # load balancers probe with HEAD
+    assert head.status_code == 200 and head.content == b""
     assert httpx.get(server.url + "/").status_code == 200
     assert httpx.get(server.url + "/page/app.js").status_code == 200
 

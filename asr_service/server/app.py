@@ -44,7 +44,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.add_middleware(Gate, door=state.door)
     app.add_middleware(RequestLog, metrics=state.metrics)  # added last: the outermost
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with either
     async def health():
         figures = state.figures()
         if figures is None:

@@ -113,6 +113,9 @@ class RealtimeConnection:
             except json.JSONDecodeError as e:
                 self._error(f"Event is not valid JSON: {e}", "invalid_json")
                 continue
+            except RecursionError:  # json's decoder recurses once per nesting level
+                self._error("Event is not valid JSON: nested too deeply", "invalid_json")
+                continue
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 self._error("Event must be a JSON object with a string 'type'", "invalid_event", param="type")
                 continue
