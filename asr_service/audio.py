@@ -8,7 +8,9 @@ hours of audio cannot grow memory beyond ``max_seconds``.
 from __future__ import annotations
 
 import io
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import av
 import numpy as np
@@ -80,7 +82,15 @@ def _check_declared(stream: av.audio.stream.AudioStream, limits: AudioLimits) ->
                                 f"says) is longer than the limit of {limits.max_seconds:g} seconds")
 
 
-def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> np.ndarray:
+# How often (in decoded audio) a decode reports its progress and checks its deadline.
+PROGRESS_EVERY_SECONDS = 10.0
+
+
+def decode_audio(data: bytes, limits: AudioLimits = AudioLimits(), on_progress: Callable[[float], None] | None = None,
+                 deadline: float | None = None) -> np.ndarray:
+    """Mono float32 samples at SAMPLE_RATE. While decoding, ``on_progress`` hears the seconds
+    decoded so far (it may raise to stop the decode: admission by decoded audio), and past the
+    ``deadline`` (time.monotonic()) the decode stops with TimeoutError."""
     if not data:
         raise InvalidAudioError("the file is empty")
     if len(data) > limits.max_bytes:
@@ -88,6 +98,7 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> np.ndarray
     max_samples = int(limits.max_seconds * SAMPLE_RATE)
     pieces: list[np.ndarray] = []
     total = 0
+    reported = 0  # samples at the last progress report
     try:
         with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as container:
             stream = next((s for s in container.streams if s.type == "audio"), None)
@@ -107,9 +118,15 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits()) -> np.ndarray
                     raise AudioTooLongError(
                         f"audio is longer than the limit of {limits.max_seconds:g} seconds"
                     )
+                if total - reported >= PROGRESS_EVERY_SECONDS * SAMPLE_RATE:
+                    reported = total
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError
+                    if on_progress is not None:
+                        on_progress(total / SAMPLE_RATE)
             for out in resampler.resample(None):
                 pieces.append(out.to_ndarray().reshape(-1))
-    except AudioError:
+    except (AudioError, TimeoutError):  # TimeoutError is an OSError: not a decoding failure
         raise
     except (av.FFmpegError, ValueError, IndexError, OSError) as e:
         raise InvalidAudioError(f"could not decode audio ({type(e).__name__}: {e})") from None

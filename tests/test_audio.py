@@ -108,6 +108,11 @@ def test_duration_limit_stops_decoding_early():
     assert decode_audio(data, AudioLimits(max_seconds=5.0)).shape[0] > 60000
 
 
+def one_hertz_bomb() -> bytes:
+    """10,844 bytes of 8-bit mono WAV at 1 Hz: three hours once resampled to 16 kHz."""
+    return _wav_header(1, 10_800) + bytes([128]) * 10_800
+
+
 def _wav_header(rate: int, samples: int) -> bytes:
     """A RIFF/WAVE header for 8-bit mono PCM at ``rate``, ``samples`` bytes of data."""
     fmt = (16).to_bytes(4, "little") + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") \
@@ -118,9 +123,8 @@ def _wav_header(rate: int, samples: int) -> bytes:
 
 def test_a_tiny_file_at_one_hertz_is_refused_before_decoding():
     """10,844 bytes that would resample into 3 hours of 16 kHz audio (a decompression bomb)."""
-    bomb = _wav_header(1, 10_800) + bytes([128]) * 10_800
     with pytest.raises(InvalidAudioError) as e:
-        decode_audio(bomb)
+        decode_audio(one_hertz_bomb())
     assert "sample rate of 1 Hz" in str(e.value)
 
 

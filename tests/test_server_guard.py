@@ -15,6 +15,7 @@ import websockets
 
 from asr_service.server.auth import ApiKeys, keys_from
 from support.clips import clip_path, load_clip
+from tests.test_audio import one_hertz_bomb
 from tests.test_server_api import assert_openai_error, wav_bytes
 
 pytestmark = pytest.mark.server
@@ -148,6 +149,15 @@ def test_upload_past_the_limit_is_refused_while_it_is_read(server):
     assert sent < total / 4, sent  # the server stopped reading after a few MB of 64
     if not reset:
         assert reply.startswith(b"HTTP/1.1 413 ") and b'"code":"file_too_large"' in reply, reply[:400]
+    assert httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(), files=clip_upload()).status_code == 200
+
+
+def test_a_tiny_file_that_decodes_into_hours_is_refused_and_others_are_served(server):
+    r = httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(),
+                   files={"file": ("bomb.wav", one_hertz_bomb(), "audio/wav")}, timeout=30)
+    error = assert_openai_error(r, 400, code="invalid_audio")
+    assert error["param"] == "file" and "1 Hz" in error["message"]
+    assert httpx.get(server.url + "/health").json()["pending_requests"] == 0
     assert httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(), files=clip_upload()).status_code == 200
 
 

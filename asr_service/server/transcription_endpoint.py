@@ -2,14 +2,17 @@
 
 The body is counted while it is read, so an upload past the limit is refused before it is all
 in memory (a declared Content-Length past it is refused before reading anything). Work is
-admitted against the backpressure bounds (429 with Retry-After beyond them), and each request
-has a decode deadline. A client that leaves cancels its decode.
+admitted against the backpressure bounds (429 with Retry-After beyond them) from before its
+upload is decoded, its audio counted as it decodes (so a small file that decodes into hours is
+refused as its audio grows, not after); the request's deadline covers decoding the upload and
+transcribing it. A client that leaves cancels its decode.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import AsyncGenerator, AsyncIterator
 
 from fastapi import Request
@@ -21,7 +24,7 @@ from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_au
 from ..engine.params import EngineUnavailable
 from ..formats import render, to_json, to_verbose_json
 from ..streaming import StreamDone, StreamFailed, StreamItem, render_stream
-from .admission import Overloaded
+from .admission import Overloaded, Ticket
 from .errors import OpenAIError
 from .request_form import TranscriptionRequest, parse_transcription_form
 from .sse import chunk_events, openai_events
@@ -50,7 +53,7 @@ def _counting(receive, limit: int):
     return wrapped
 
 
-async def _read_request(request: Request, state: ServerState, task: str):
+async def _read_request(request: Request, state: ServerState, task: str) -> tuple[TranscriptionRequest, bytes]:
     runtime = state.runtime
     limit = state.settings.limits.max_bytes
     declared = request.headers.get("content-length")
@@ -70,16 +73,23 @@ async def _read_request(request: Request, state: ServerState, task: str):
     if req.file.size is not None and req.file.size > limit:
         raise OpenAIError(413, f"Upload of {req.file.size} bytes exceeds the limit of {limit} bytes",
                           param="file", code="file_too_large")
-    data = await req.file.read()
+    return req, await req.file.read()
+
+
+async def _decode(data: bytes, state: ServerState, ticket: Ticket, deadline: float):
+    """The upload's samples, decoded off the event loop; the ticket grows as they decode."""
     try:
-        audio = await asyncio.to_thread(decode_audio, data, state.settings.limits)
+        return await asyncio.to_thread(decode_audio, data, state.settings.limits, ticket.claim, deadline)
+    except Overloaded as e:
+        raise _busy(state, e) from None
+    except TimeoutError:
+        raise _timed_out(state.settings.request_timeout_s) from None
     except AudioTooLargeError as e:
         raise OpenAIError(413, str(e), param="file", code=e.code) from None
     except InvalidAudioError as e:
         raise OpenAIError(400, f"Invalid or unsupported audio file. ({e.detail})", param="file", code=e.code) from None
     except AudioError as e:
         raise OpenAIError(400, str(e), param="file", code=e.code) from None
-    return req, audio
 
 
 async def _until_disconnected(request: Request, work):
@@ -99,13 +109,15 @@ async def _until_disconnected(request: Request, work):
                 await task
 
 
-async def _with_deadline(items: AsyncGenerator[StreamItem, None], seconds: float) -> AsyncIterator[StreamItem]:
+async def _with_deadline(items: AsyncGenerator[StreamItem, None], seconds: float,
+                         timeout: float) -> AsyncIterator[StreamItem]:
+    """``items`` for ``seconds`` (what is left of the request's ``timeout``)."""
     try:
         async with asyncio.timeout(seconds):
             async for item in items:
                 yield item
     except TimeoutError:
-        yield StreamFailed(f"Request timed out after {seconds:g} s of decoding", code="timeout")
+        yield StreamFailed(f"Request timed out after {timeout:g} s of decoding", code="timeout")
     finally:
         await items.aclose()  # now, not at garbage collection: it cancels the engine work
 
@@ -136,23 +148,34 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
     except Overloaded as e:
         await _discard_body(request, state.settings.limits.max_bytes + FORM_OVERHEAD)
         raise _busy(state, e) from None
-    req, audio = await _read_request(request, state, task)
+    req, data = await _read_request(request, state, task)
     refusal = runtime.transcriber.refusal(req.options)
     if refusal is not None:
         raise OpenAIError(400, f"Not supported by this server's engine: {refusal}", param=refusal.param,
                           code="unsupported_by_engine")
-    seconds = audio.shape[0] / runtime.adapter.config.sample_rate
     try:
-        ticket = state.admission.admit(seconds)
+        ticket = state.admission.admit()
     except Overloaded as e:
         raise _busy(state, e) from None
-    endpoint = request.url.path
     timeout = state.settings.request_timeout_s
+    deadline = time.monotonic() + timeout
+    try:
+        audio = await _decode(data, state, ticket, deadline)
+        seconds = audio.shape[0] / runtime.adapter.config.sample_rate
+        ticket.claim(seconds)
+    except Overloaded as e:
+        ticket.release()
+        raise _busy(state, e) from None
+    except BaseException:
+        ticket.release()
+        raise
+    endpoint = request.url.path
+    remaining = max(0.0, deadline - time.monotonic())
     if req.stream:
         async def items():
             try:
                 events = runtime.transcriber.run(audio, req.options, streamed=True)
-                async for item in _with_deadline(render_stream(events), timeout):
+                async for item in _with_deadline(render_stream(events), remaining, timeout):
                     if req.options.language is None and isinstance(item, StreamDone):
                         state.metrics.detection(item.result.language)
                     elif isinstance(item, StreamFailed) and item.code == "language_detection_failed":
@@ -167,7 +190,7 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
         # The release also runs after the response, for a stream that never started.
         return EventSourceResponse(events, background=BackgroundTask(ticket.release))
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(remaining):
             result = await _until_disconnected(request, runtime.transcriber.transcribe(audio, req.options))
     except TimeoutError:
         raise _timed_out(timeout) from None
