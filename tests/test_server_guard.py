@@ -1,5 +1,7 @@
 """Auth, backpressure, upload limits, metrics and request logs through a live server on loopback."""
 
+import asyncio
+import contextlib
 import hmac
 import json
 import socket
@@ -236,3 +238,76 @@ def test_request_deadline_then_sigterm_drains_in_flight_work(start_server):
     assert answer["r"].status_code == 200 and answer["r"].json()["text"] == \
         "The quick brown fox jumps over the lazy dog."
     assert proc.proc.wait(timeout=30) == 0
+
+
+def test_work_still_running_when_the_grace_ends_gets_proper_endings(start_server):
+    """SIGTERM with a 2 s grace while a long request, a long stream and a realtime session are
+    inside: at the end of the grace each client gets an ending in its own protocol (a 503 in the
+    OpenAI shape; an error event and [DONE]; an error event and close 1012), and the process
+    exits cleanly soon after."""
+    proc = start_server("--threads", "2", "--shutdown-grace", "2")
+    body = long_speech(150)
+    endings: dict = {}
+
+    def plain():
+        endings["plain"] = httpx.post(proc.url + "/v1/audio/transcriptions",
+                                      files={"file": ("long.wav", body, "audio/wav")}, timeout=60)
+
+    def streamed():
+        with httpx.stream("POST", proc.url + "/v1/audio/transcriptions", data={"stream": "true"},
+                          files={"file": ("long.wav", body, "audio/wav")}, timeout=60) as r:
+            endings["stream"] = [line for line in r.iter_lines() if line.startswith("data:")]
+
+    def realtime():
+        async def session():
+            async with websockets.connect(proc.url.replace("http://", "ws://") + "/v1/realtime") as ws:
+                received = [json.loads(await ws.recv())]
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    while True:
+                        received.append(json.loads(await ws.recv()))
+                endings["realtime"] = (received, closed.value.rcvd.code if closed.value.rcvd else None)
+
+        asyncio.run(session())
+
+    clients = [threading.Thread(target=f) for f in (plain, streamed, realtime)]
+    for client in clients:
+        client.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(proc.url + "/health").json()["pending_requests"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    signalled = time.monotonic()
+    proc.proc.send_signal(subprocess.signal.SIGTERM)
+    for client in clients:
+        client.join(timeout=30)
+    assert proc.proc.wait(timeout=30) == 0
+    assert time.monotonic() - signalled < 2 + 5  # the grace, the endings, uvicorn's own stop
+
+    assert_openai_error(endings["plain"], 503, code="shutting_down")
+    assert endings["stream"][-1] == "data: [DONE]"
+    assert json.loads(endings["stream"][-2].removeprefix("data:"))["error"]["code"] == "shutting_down"
+    events, close_code = endings["realtime"]
+    assert events[0]["type"] == "session.created" and events[-1]["type"] == "error"  # vLLM's error event
+    assert events[-1]["code"] == "shutting_down" and close_code == 1012
+
+
+def test_a_second_signal_exits_at_once_and_cleanly(start_server):
+    """SIGTERM starts a 30 s drain; SIGINT then stops the server at once, with a long decode
+    still running in the engine, and the process exits 0 (not torch's abort at teardown)."""
+    proc = start_server("--threads", "2", "--shutdown-grace", "30")
+    body = long_speech(150)
+    def post():
+        with contextlib.suppress(httpx.HTTPError):  # cut off by the forced stop: any ending will do here
+            httpx.post(proc.url + "/v1/audio/transcriptions", files={"file": ("long.wav", body, "audio/wav")}, timeout=60)
+
+    worker = threading.Thread(target=post)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(proc.url + "/health").json()["active_sequences"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.proc.send_signal(subprocess.signal.SIGTERM)
+    time.sleep(0.3)
+    signalled = time.monotonic()
+    proc.proc.send_signal(subprocess.signal.SIGINT)
+    assert proc.proc.wait(timeout=30) == 0
+    assert time.monotonic() - signalled < 5
+    worker.join(timeout=60)

@@ -9,6 +9,7 @@ for, since a browser cannot read an HTTP status from a failed WebSocket handshak
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ OPEN_PATHS = frozenset({"/health", "/"})  # the page's HTML and static files hol
 OPEN_PREFIXES = ("/page/",)
 POLICY_VIOLATION = 1008
 GOING_AWAY = 1001
+SERVICE_RESTART = 1012
 TRY_AGAIN_LATER = 1013  # the server is overloaded or not ready
 
 
@@ -30,6 +32,13 @@ class Door:
     keys: ApiKeys = field(default_factory=lambda: ApiKeys(()))
     draining: bool = False
     inside: int = 0  # requests and sessions let in and not yet finished
+    # Set when the shutdown grace is over: whoever is still inside ends its work and gives its
+    # client a proper ending (a 503, an SSE error event and [DONE], a realtime error and close).
+    grace_over: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @staticmethod
+    def ending_message() -> str:
+        return "The server is shutting down and could not finish this work in its grace period; retry"
 
 
 def offered_subprotocol(scope) -> str | None:

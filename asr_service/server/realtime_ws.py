@@ -24,17 +24,21 @@ from ..realtime.input_audio import InputAudioDecoder, InputAudioError
 from ..realtime.protocol import OPENAI, VLLM, ProtocolError
 from ..realtime.session import Completed, RealtimeLimits, RealtimeSession, SessionConfig
 from ..runtime import Runtime
-from .gate import TRY_AGAIN_LATER, dialect_of, offered_subprotocol, refuse_websocket
+from .gate import SERVICE_RESTART, TRY_AGAIN_LATER, Door, dialect_of, offered_subprotocol, refuse_websocket
 from .metrics import ServerMetrics
 from .state import ServerState
 
 log = logging.getLogger(__name__)
 
+RECEIVE_POLL_S = 0.25  # how often a quiet session looks at its worker, the idle timeout and the shutdown
+
 
 class RealtimeConnection:
     def __init__(self, ws: WebSocket, runtime: Runtime, limits: RealtimeLimits, model_name: str,
-                 metrics: ServerMetrics | None = None):
+                 door: Door, metrics: ServerMetrics | None = None):
         self.ws = ws
+        self.door = door
+        self._close_code = 1000  # normal closure, unless the server ends the session
         self.metrics = metrics
         self.runtime = runtime
         self.limits = limits
@@ -80,13 +84,17 @@ class RealtimeConnection:
                 await asyncio.wait_for(sender, timeout=5)
             if self.ws.application_state == WebSocketState.CONNECTED:
                 with contextlib.suppress(Exception):
-                    await self.ws.close()
+                    await self.ws.close(code=self._close_code)
             log.info("realtime session %s closed", self.session_id)
 
     async def _receive_loop(self, worker: asyncio.Task) -> None:
         while True:
+            if self.door.grace_over.is_set():  # a shutdown's grace is over: end the session properly
+                self._error(self.door.ending_message(), "shutting_down")
+                self._close_code = SERVICE_RESTART
+                return
             try:
-                message = await asyncio.wait_for(self.ws.receive(), timeout=1.0)
+                message = await asyncio.wait_for(self.ws.receive(), timeout=RECEIVE_POLL_S)
             except TimeoutError:
                 if worker.done():  # only cancellation ends it normally: say why the session ends
                     error = worker.exception()
@@ -215,7 +223,7 @@ async def realtime_endpoint(ws: WebSocket, state: ServerState) -> None:
         return
     try:
         await RealtimeConnection(ws, state.runtime, state.settings.realtime, state.settings.model_name,
-                                 state.metrics).serve()
+                                 state.door, state.metrics).serve()
     except Exception:
         log.exception("realtime session failed")
     finally:

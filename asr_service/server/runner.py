@@ -2,8 +2,10 @@
 
 On the first signal the server keeps listening but answers every new request with 503
 ("shutting_down", see gate.py) while the requests and realtime sessions already inside finish;
-when none is left, or after ``grace_seconds``, uvicorn shuts down as usual and the process
-exits 0. A second signal stops at once.
+when none is left uvicorn shuts down as usual and the process exits 0. At the end of
+``grace_seconds`` the door says the grace is over: the work still inside stops and its clients
+get proper endings (up to ENDING_SECONDS to write them), then the process exits without waiting
+further. A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from .gate import Door
 
 log = logging.getLogger(__name__)
 
+ENDING_SECONDS = 1.0  # after the grace: time for the handlers still inside to end their clients properly
+
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, door: Door, grace_seconds: float):
@@ -30,8 +34,7 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame) -> None:
         if self._drain_started is not None:  # a second signal: stop now
-            self.should_exit = True
-            self.force_exit = sig == signal.SIGINT
+            self.should_exit = self.force_exit = True
             return
         # Not recorded as a captured signal, so uvicorn does not re-raise it after the shutdown:
         # a drained exit is a clean one (status 0).
@@ -42,9 +45,16 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         if self._drain_started is not None and not self.should_exit:
-            if self.door.inside == 0 or time.monotonic() - self._drain_started > self.grace_seconds:
-                log.info("drained (%d requests still in flight); shutting down", self.door.inside)
+            waited = time.monotonic() - self._drain_started
+            if self.door.inside == 0:
+                log.info("drained; shutting down")
                 self.should_exit = True
+            elif waited > self.grace_seconds and not self.door.grace_over.is_set():
+                log.info("grace over: ending %d requests and sessions still in flight", self.door.inside)
+                self.door.grace_over.set()
+            elif waited > self.grace_seconds + ENDING_SECONDS:
+                log.info("%d requests still in flight; shutting down", self.door.inside)
+                self.should_exit = self.force_exit = True  # their clients had their grace
         return await super().on_tick(counter)
 
 
@@ -64,4 +74,9 @@ def serve(settings: ServerSettings, host: str, port: int, log_level: str, grace_
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     DrainingServer(config, app.state.server.door, grace_seconds).run()
+    # A forced exit skips the app's own shutdown; the engine's thread must stop before the
+    # interpreter does (torch aborts the process when its threads outlive it).
+    runtime = app.state.server.runtime
+    if runtime is not None:
+        runtime.close()
     return 0

@@ -26,6 +26,7 @@ from ..formats import render, to_json, to_verbose_json
 from ..streaming import StreamDone, StreamFailed, StreamItem, render_stream
 from .admission import Overloaded, Ticket
 from .errors import OpenAIError
+from .gate import Door
 from .request_form import TranscriptionRequest, parse_transcription_form
 from .sse import chunk_events, openai_events
 from .state import ServerState
@@ -92,13 +93,16 @@ async def _decode(data: bytes, state: ServerState, ticket: Ticket, deadline: flo
         raise OpenAIError(400, str(e), param="file", code=e.code) from None
 
 
-async def _until_disconnected(request: Request, work):
+async def _until_disconnected(request: Request, door: Door, work):
     """Run ``work``; if the client goes away first, or the caller is cancelled (the deadline),
-    cancel it: its engine slots free at the next step."""
+    cancel it: its engine slots free at the next step. At the end of a shutdown's grace it is
+    cancelled too, and the client gets a 503."""
     task = asyncio.ensure_future(work)
     try:
         while not task.done():
             done, _ = await asyncio.wait({task}, timeout=0.1)
+            if not done and door.grace_over.is_set():
+                raise OpenAIError(503, door.ending_message(), code="shutting_down")
             if not done and await request.is_disconnected():
                 return None
         return task.result()
@@ -107,6 +111,30 @@ async def _until_disconnected(request: Request, work):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def _until_grace_over(items: AsyncGenerator[StreamItem, None], door: Door) -> AsyncIterator[StreamItem]:
+    """``items``, until a shutdown's grace is over: then a StreamFailed that says so (the client
+    gets an error event and [DONE], not a cut stream)."""
+    grace_over = asyncio.ensure_future(door.grace_over.wait())
+    try:
+        while True:
+            following = asyncio.ensure_future(anext(items))
+            await asyncio.wait({following, grace_over}, return_when=asyncio.FIRST_COMPLETED)
+            if not following.done():
+                following.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await following
+                yield StreamFailed(door.ending_message(), code="shutting_down")
+                return
+            try:
+                item = following.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        grace_over.cancel()
+        await items.aclose()
 
 
 async def _with_deadline(items: AsyncGenerator[StreamItem, None], seconds: float,
@@ -175,7 +203,8 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
         async def items():
             try:
                 events = runtime.transcriber.run(audio, req.options, streamed=True)
-                async for item in _with_deadline(render_stream(events), remaining, timeout):
+                rendered = _until_grace_over(render_stream(events), state.door)
+                async for item in _with_deadline(rendered, remaining, timeout):
                     if req.options.language is None and isinstance(item, StreamDone):
                         state.metrics.detection(item.result.language)
                     elif isinstance(item, StreamFailed) and item.code == "language_detection_failed":
@@ -191,7 +220,7 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
         return EventSourceResponse(events, background=BackgroundTask(ticket.release))
     try:
         async with asyncio.timeout(remaining):
-            result = await _until_disconnected(request, runtime.transcriber.transcribe(audio, req.options))
+            result = await _until_disconnected(request, state.door, runtime.transcriber.transcribe(audio, req.options))
     except TimeoutError:
         raise _timed_out(timeout) from None
     except EngineUnavailable as e:
