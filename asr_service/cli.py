@@ -114,9 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-realtime-sessions", type=int, default=RealtimeLimits.max_sessions,
                    help="concurrent /v1/realtime sessions; more are refused")
     s.add_argument("--realtime-idle-timeout", type=float, default=RealtimeLimits.idle_timeout_s,
-                   help="seconds without client events before a realtime session is closed")
+                   help="seconds without audio from the client before a realtime session is closed")
     s.add_argument("--realtime-max-buffer-seconds", type=float, default=RealtimeLimits.max_buffer_seconds,
                    help="audio a realtime session may hold untranscribed")
+    s.add_argument("--realtime-max-session-seconds", type=float, default=RealtimeLimits.max_session_seconds,
+                   help="longest life of a realtime session; it then ends with session_expired")
     s.add_argument("--api-key", action="append", metavar="KEY",
                    help=f"require this key (repeatable; also {ENV_VAR}, comma-separated); /health stays open")
     s.add_argument("--max-pending-requests", type=int, default=AdmissionLimits.max_pending_requests,
@@ -138,7 +140,8 @@ def _serve(args) -> int:
         runtime=_runtime_settings(args), served_model_name=args.served_model_name, detection=args.detection_mode,
         limits=AudioLimits(args.max_bytes, args.max_seconds),
         realtime=RealtimeLimits(max_sessions=args.max_realtime_sessions, idle_timeout_s=args.realtime_idle_timeout,
-                                max_buffer_seconds=args.realtime_max_buffer_seconds),
+                                max_buffer_seconds=args.realtime_max_buffer_seconds,
+                                max_session_seconds=args.realtime_max_session_seconds),
         admission=AdmissionLimits(args.max_pending_requests, args.max_pending_audio_seconds),
         request_timeout_s=args.request_timeout, api_keys=keys_from(args.api_key),
     )

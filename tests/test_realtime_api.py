@@ -23,13 +23,15 @@ pytestmark = pytest.mark.server
 MAX_SESSIONS = 2
 IDLE_TIMEOUT = 3
 MAX_BUFFER_SECONDS = 20
+MAX_SESSION_SECONDS = 45  # longer than any test's session but the one that waits for it
 
 
 @pytest.fixture(scope="module")
 def server(start_server):
     return start_server("--threads", "2", "--served-model-name", "whisper-1",
                         "--max-realtime-sessions", str(MAX_SESSIONS), "--realtime-idle-timeout", str(IDLE_TIMEOUT),
-                        "--realtime-max-buffer-seconds", str(MAX_BUFFER_SECONDS))
+                        "--realtime-max-buffer-seconds", str(MAX_BUFFER_SECONDS),
+                        "--realtime-max-session-seconds", str(MAX_SESSION_SECONDS))
 
 
 def health(server) -> dict:
@@ -293,13 +295,36 @@ async def test_sessions_over_the_limit_are_refused_cleanly(ws_url):
 
 
 async def test_idle_session_is_closed(ws_url):
+    """Events without audio (a clear now and then) do not keep a session open."""
     async with websockets.connect(ws_url) as ws:
         await ws.recv()
         start = time.monotonic()
+        await asyncio.sleep(IDLE_TIMEOUT / 2)
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
         await expect_error(ws, "idle_timeout")
         assert IDLE_TIMEOUT <= time.monotonic() - start < IDLE_TIMEOUT + 3
         with pytest.raises(websockets.ConnectionClosed):
             await ws.recv()
+
+
+async def test_a_session_ends_at_its_maximum_length_however_busy(ws_url):
+    async with websockets.connect(ws_url) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))  # vLLM: started
+        start = time.monotonic()
+        chunk = append(pcm16(np.zeros(1600, np.float32)))  # 100 ms of silence, again and again
+        while time.monotonic() - start < MAX_SESSION_SECONDS + 10:
+            try:
+                await ws.send(chunk)
+                message = json.loads(await asyncio.wait_for(ws.recv(), timeout=0.5))
+            except TimeoutError:
+                continue
+            if message["type"] == "error":
+                break
+        assert message["type"] == "error" and message["code"] == "session_expired", message
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                await ws.recv()
 
 
 async def test_vanished_client_frees_its_engine_work(server, ws_url):

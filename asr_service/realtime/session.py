@@ -57,8 +57,9 @@ class SessionConfig:
 @dataclass(frozen=True)
 class RealtimeLimits:
     max_sessions: int = 8
-    idle_timeout_s: float = 60.0  # no client event for this long closes the session
+    idle_timeout_s: float = 60.0  # no audio from the client for this long (nothing left to decode) closes the session
     max_buffer_seconds: float = 300.0  # audio received but not yet transcribed
+    max_session_seconds: float = 3600.0  # a session's whole life (OpenAI's sessions end after 60 min too)
     partial_interval_s: float = 1.0  # re-decode a growing utterance after this much new audio
 
 

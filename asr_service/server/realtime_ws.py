@@ -51,7 +51,7 @@ class RealtimeConnection:
         config = protocol.OPENAI_DEFAULTS if self.dialect == OPENAI else protocol.VLLM_DEFAULTS
         self.session = RealtimeSession(runtime.transcriber, self._emit, limits, config)
         self._decoder = InputAudioDecoder(config.input_format)
-        self._last_event = time.monotonic()
+        self._opened = self._last_audio = time.monotonic()  # audio, not housekeeping events, keeps a session open
 
     def _emit(self, event) -> None:
         if isinstance(event, Completed) and self.metrics is not None:
@@ -93,6 +93,10 @@ class RealtimeConnection:
                 self._error(self.door.ending_message(), "shutting_down")
                 self._close_code = SERVICE_RESTART
                 return
+            if time.monotonic() - self._opened > self.limits.max_session_seconds:
+                self._error(f"Session closed: it reached the maximum length of {self.limits.max_session_seconds:g} s; "
+                            "open a new one", "session_expired")
+                return
             try:
                 message = await asyncio.wait_for(self.ws.receive(), timeout=RECEIVE_POLL_S)
             except TimeoutError:
@@ -101,9 +105,9 @@ class RealtimeConnection:
                     log.error("realtime session %s: worker failed", self.session_id, exc_info=error)
                     self._error(f"Internal error, session closed: {type(error).__name__}", "internal_error")
                     return
-                quiet = time.monotonic() - self._last_event
+                quiet = time.monotonic() - self._last_audio
                 if quiet > self.limits.idle_timeout_s and self.session.idle:
-                    self._error(f"Session closed after {self.limits.idle_timeout_s:g} s without client events",
+                    self._error(f"Session closed after {self.limits.idle_timeout_s:g} s without audio from the client",
                                 "idle_timeout")
                     return
                 continue
@@ -111,7 +115,6 @@ class RealtimeConnection:
                 return
             if message["type"] == "websocket.disconnect":
                 return
-            self._last_event = time.monotonic()
             if message.get("text") is None:
                 self._error("Binary frames are not accepted; send JSON text events (audio as base64 in "
                             "input_audio_buffer.append)", "invalid_event")
@@ -152,6 +155,7 @@ class RealtimeConnection:
                 raise ProtocolError("Audio before the session started: send input_audio_buffer.commit first "
                                     "(vLLM protocol), or connect with ?intent=transcription", "session_not_started")
             await self.session.append(self._decoder.decode(event.get("audio")))
+            self._last_audio = time.monotonic()
         elif kind == "input_audio_buffer.commit":
             final = event.get("final") is True
             if not self.started:
