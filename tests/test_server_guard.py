@@ -96,6 +96,12 @@ async def test_realtime_needs_a_key_in_the_header_or_the_subprotocol(server):
         assert closed.value.rcvd.code == 1008
     async with websockets.connect(url, additional_headers=auth()) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
+    # A key in the URL is refused, and uvicorn's log line of the handshake does not show it.
+    async with websockets.connect(url + f"&api_key={KEYS[0]}") as ws:
+        assert json.loads(await ws.recv())["error"]["code"] == "invalid_api_key"
+    await asyncio.sleep(0.2)
+    log = server.log_path.read_text()
+    assert KEYS[0] not in log and "/v1/realtime?intent=transcription&api_key=REDACTED" in log
     # A browser's form: the key rides in a subprotocol; the server answers with "realtime" only.
     async with websockets.connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{KEYS[1]}"]) as ws:
         assert ws.subprotocol == "realtime"

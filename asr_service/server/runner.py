@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 import time
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import uvicorn
 
@@ -58,8 +59,32 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+# Query parameters a log line may show as sent; every other value is replaced (a client may put
+# its API key there, although it is refused).
+LOGGED_QUERY_PARAMETERS = frozenset({"intent", "model"})
+
+
+def redacted_path(path: str) -> str:
+    """A request path with the values of its query parameters hidden, but the harmless ones."""
+    parts = urlsplit(path)
+    if not parts.query:
+        return path
+    query = [(k, v if k in LOGGED_QUERY_PARAMETERS else "REDACTED") for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    return urlunsplit(parts._replace(query=urlencode(query, safe="REDACTED")))
+
+
+class RedactQueries(logging.Filter):
+    """uvicorn logs a WebSocket's path with its query string ('... "WebSocket %s" ...'): hide it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and "WebSocket" in str(record.msg):
+            record.args = tuple(redacted_path(a) if isinstance(a, str) and a.startswith("/") else a for a in record.args)
+        return True
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("uvicorn.error").addFilter(RedactQueries())
     access = logging.getLogger("asr_service.access")  # already JSON: written as it is
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
