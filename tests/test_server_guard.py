@@ -54,6 +54,9 @@ def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch):
     assert len(calls) == 9  # all three keys, each time, even after a match
     assert keys_from(["a", "b"], {"ASR_API_KEYS": " c, a ,"}) == ("a", "b", "c")
     assert ApiKeys(()).accepts(None)  # no keys configured: open
+    unicode_key = ApiKeys(("clé-ünï",))
+    assert unicode_key.accepts("clé-ünï".encode().decode("latin-1"))  # its UTF-8 bytes, as a server hands them on
+    assert not unicode_key.accepts("clé-ünï".encode("latin-1").decode("latin-1"))  # its latin-1 bytes
 
 
 @pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("POST", "/v1/audio/transcriptions"),

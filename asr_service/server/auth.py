@@ -33,9 +33,15 @@ class ApiKeys:
         return bool(self._keys)
 
     def accepts(self, presented: str | None) -> bool:
+        """``presented`` is a header value as ASGI servers give it (its bytes decoded as latin-1):
+        its bytes are compared with the UTF-8 bytes of each key, so a non-ASCII key works as
+        clients send it (UTF-8)."""
         if not self._keys:
             return True
-        candidate = (presented or "").encode()
+        try:
+            candidate = (presented or "").encode("latin-1")  # the bytes as sent
+        except UnicodeEncodeError:  # not from a header's bytes
+            candidate = (presented or "").encode()
         match = False
         for key in self._keys:  # no early exit: the time taken does not depend on which key matched
             match |= hmac.compare_digest(candidate, key)
