@@ -231,6 +231,26 @@ def test_request_deadline_then_sigterm_drains_in_flight_work(start_server):
         time.sleep(0.02)
     assert health["active_sequences"] == 0 and health["queued_sequences"] == 0 and health["pending_requests"] == 0
 
+    # An upload that trickles in is pending work from its first byte, and the deadline covers it.
+    host, port = proc.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
+                     b"Content-Type: multipart/form-data; boundary=b\r\n\r\n--b\r\n")
+        started = time.monotonic()
+        while httpx.get(proc.url + "/health").json()["pending_requests"] == 0 and time.monotonic() - started < 3:
+            time.sleep(0.05)
+        assert httpx.get(proc.url + "/health").json()["pending_requests"] == 1
+        sock.setblocking(False)
+        reply = b""
+        while b'"code":"timeout"' not in reply and time.monotonic() - started < 15:
+            with contextlib.suppress(OSError):
+                sock.send(b"x")  # 10 bytes a second
+            time.sleep(0.1)
+            with contextlib.suppress(BlockingIOError):
+                reply += sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 408 ") and b'"code":"timeout"' in reply, reply[:300]
+    assert httpx.get(proc.url + "/health").json()["pending_requests"] == 0
+
     answer = {}
     body = wav_bytes(load_clip("en", "quick_brown_fox"))
     worker = threading.Thread(target=lambda: answer.update(r=httpx.post(

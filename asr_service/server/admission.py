@@ -57,7 +57,7 @@ class Admission:
         self._lock = threading.Lock()  # tickets grow from decoding threads
 
     def check_room(self) -> None:
-        """Refuse at once when no request could be admitted (before reading and decoding the upload)."""
+        """Refuse when no request could be admitted."""
         if self.pending_requests >= self.limits.max_pending_requests:
             raise Overloaded(f"Server busy: {self.pending_requests} requests pending (limit "
                              f"{self.limits.max_pending_requests}). Retry later.", self.retry_after())

@@ -172,22 +172,25 @@ async def _discard_body(request: Request, limit: int) -> None:
 async def handle_transcription(request: Request, state: ServerState, task: str) -> Response:
     runtime = state.require_ready()
     try:
-        state.admission.check_room()  # a full server refuses before the costly part
+        # Pending from the upload's first byte (a slow upload is work the server holds), and
+        # refused before the costly part when the server is full.
+        ticket = state.admission.admit()
     except Overloaded as e:
         await _discard_body(request, state.settings.limits.max_bytes + FORM_OVERHEAD)
         raise _busy(state, e) from None
-    req, data = await _read_request(request, state, task)
-    refusal = runtime.transcriber.refusal(req.options)
-    if refusal is not None:
-        raise OpenAIError(400, f"Not supported by this server's engine: {refusal}", param=refusal.param,
-                          code="unsupported_by_engine")
-    try:
-        ticket = state.admission.admit()
-    except Overloaded as e:
-        raise _busy(state, e) from None
     timeout = state.settings.request_timeout_s
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # the whole request: upload, decoding, transcription
     try:
+        try:
+            async with asyncio.timeout(timeout):
+                req, data = await _read_request(request, state, task)
+        except TimeoutError:
+            raise OpenAIError(408, f"The upload did not arrive within the request timeout of {timeout:g} s",
+                              code="timeout", type="timeout_error") from None
+        refusal = runtime.transcriber.refusal(req.options)
+        if refusal is not None:
+            raise OpenAIError(400, f"Not supported by this server's engine: {refusal}", param=refusal.param,
+                              code="unsupported_by_engine")
         audio = await _decode(data, state, ticket, deadline)
         seconds = audio.shape[0] / runtime.adapter.config.sample_rate
         ticket.claim(seconds)
