@@ -56,7 +56,7 @@ class Admission:
         self._rate: float | None = None  # audio seconds per wall second, moving average
         self._lock = threading.Lock()  # tickets grow from decoding threads
 
-    def check_room(self) -> None:
+    def _check_room(self) -> None:
         """Refuse when no request could be admitted."""
         if self.pending_requests >= self.limits.max_pending_requests:
             raise Overloaded(f"Server busy: {self.pending_requests} requests pending (limit "
@@ -66,7 +66,7 @@ class Admission:
         """A ticket for one request holding ``audio_seconds`` (0 before its upload is decoded:
         the ticket then grows with ``claim``)."""
         with self._lock:
-            self.check_room()
+            self._check_room()
             self._check_audio(self.pending_requests, audio_seconds)
             self.pending_requests += 1
             self.pending_audio_seconds += audio_seconds
