@@ -172,6 +172,14 @@ def test_a_tiny_file_that_decodes_into_hours_is_refused_and_others_are_served(se
     assert httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(), files=clip_upload()).status_code == 200
 
 
+def wait_for_health(url: str, figure: str, at_least: int, timeout: float = 30) -> None:
+    """Poll /health until ``figure`` reaches ``at_least`` (or the timeout passes: the caller's
+    assertions then say what was missing)."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(url + "/health").json()[figure] < at_least and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def long_speech(seconds: float) -> bytes:
     clip = load_clip("en", "quick_brown_fox")
     return wav_bytes(np.tile(clip, int(seconds / (len(clip) / 16000)) + 1)[: int(seconds * 16000)])
@@ -189,9 +197,7 @@ def test_work_past_the_bound_gets_429_with_retry_after(server):
     threads = [threading.Thread(target=post_long) for _ in range(MAX_PENDING)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while httpx.get(server.url + "/health").json()["pending_requests"] < MAX_PENDING and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_health(server.url, "pending_requests", MAX_PENDING)
     r = httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(), files=clip_upload())
     error = assert_openai_error(r, 429, code="server_busy")
     assert error["type"] == "rate_limit_error" and int(r.headers["retry-after"]) >= 1
@@ -237,8 +243,7 @@ def test_request_deadline_then_sigterm_drains_in_flight_work(start_server):
         sock.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
                      b"Content-Type: multipart/form-data; boundary=b\r\n\r\n--b\r\n")
         started = time.monotonic()
-        while httpx.get(proc.url + "/health").json()["pending_requests"] == 0 and time.monotonic() - started < 3:
-            time.sleep(0.05)
+        wait_for_health(proc.url, "pending_requests", 1, timeout=3)
         assert httpx.get(proc.url + "/health").json()["pending_requests"] == 1
         sock.setblocking(False)
         reply = b""
@@ -256,9 +261,7 @@ def test_request_deadline_then_sigterm_drains_in_flight_work(start_server):
     worker = threading.Thread(target=lambda: answer.update(r=httpx.post(
         proc.url + "/v1/audio/transcriptions", files={"file": ("fox.wav", body, "audio/wav")}, timeout=60)))
     worker.start()
-    deadline = time.monotonic() + 10
-    while httpx.get(proc.url + "/health").json()["pending_requests"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_health(proc.url, "pending_requests", 1, timeout=10)
     proc.proc.send_signal(subprocess.signal.SIGTERM)
     time.sleep(0.2)
     refused = httpx.post(proc.url + "/v1/audio/transcriptions", files=clip_upload())
@@ -301,9 +304,7 @@ def test_work_still_running_when_the_grace_ends_gets_proper_endings(start_server
     clients = [threading.Thread(target=f) for f in (plain, streamed, realtime)]
     for client in clients:
         client.start()
-    deadline = time.monotonic() + 30
-    while httpx.get(proc.url + "/health").json()["pending_requests"] < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_health(proc.url, "pending_requests", 2)
     signalled = time.monotonic()
     proc.proc.send_signal(subprocess.signal.SIGTERM)
     for client in clients:
@@ -330,9 +331,7 @@ def test_a_second_signal_exits_at_once_and_cleanly(start_server):
 
     worker = threading.Thread(target=post)
     worker.start()
-    deadline = time.monotonic() + 30
-    while httpx.get(proc.url + "/health").json()["active_sequences"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_health(proc.url, "active_sequences", 1)
     proc.proc.send_signal(subprocess.signal.SIGTERM)
     time.sleep(0.3)
     signalled = time.monotonic()
