@@ -117,14 +117,12 @@ async def _until_grace_over(items: AsyncGenerator[StreamItem, None], door: Door)
     """``items``, until a shutdown's grace is over: then a StreamFailed that says so (the client
     gets an error event and [DONE], not a cut stream)."""
     grace_over = asyncio.ensure_future(door.grace_over.wait())
+    following: asyncio.Future | None = None  # the next item, awaited in a task of its own
     try:
         while True:
             following = asyncio.ensure_future(anext(items))
             await asyncio.wait({following, grace_over}, return_when=asyncio.FIRST_COMPLETED)
             if not following.done():
-                following.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await following
                 yield StreamFailed(door.ending_message(), code="shutting_down")
                 return
             try:
@@ -132,8 +130,12 @@ async def _until_grace_over(items: AsyncGenerator[StreamItem, None], door: Door)
             except StopAsyncIteration:
                 return
             yield item
-    finally:
+    finally:  # also when the client left mid-item: stop that item before closing what makes it
         grace_over.cancel()
+        if following is not None and not following.done():
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await following
         await items.aclose()
 
 
