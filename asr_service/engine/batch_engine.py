@@ -2,8 +2,9 @@
 
 Continuous batching on torch: new sequences are admitted between steps (up to
 ``max_encode_batch`` encoder windows at a time, their cross-attention K/V computed once into an
-audio slot of the SlotCache, which the beams of one search share), and every step advances all active sequences by one token through the
-logits pipeline (probe, grammar mask, Whisper rules, token choice).
+audio slot of the SlotCache, which the beams of one search share), and every step advances all
+active sequences by one token through the logits pipeline (probe, grammar mask, Whisper rules,
+token choice).
 
 Callers live on an asyncio loop; the model runs on a worker thread (torch releases the GIL
 inside kernels) and hands events back through each sequence's SequenceStream.
@@ -169,7 +170,8 @@ class BatchEngine:
             self._audio_readers[seq.audio_slot] += 1
         self._slots.ensure_audios(len(self._audio_readers), in_use=first_audio)
         audio_features = self._encoder.features([s.audio for s in readers])
-        self._slots.write_cross(first_audio, [layer.cross_kv_for(audio_features) for layer in self.model.decoder.layers])
+        self._slots.write_cross(first_audio,
+                                [layer.cross_kv_for(audio_features) for layer in self.model.decoder.layers])
         for i, seq in enumerate(seqs):
             self._active.append(seq)
             self._prefill(first + i, seq)

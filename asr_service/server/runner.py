@@ -69,7 +69,8 @@ def redacted_path(path: str) -> str:
     parts = urlsplit(path)
     if not parts.query:
         return path
-    query = [(k, v if k in LOGGED_QUERY_PARAMETERS else "REDACTED") for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    query = [(k, v if k in LOGGED_QUERY_PARAMETERS else "REDACTED")
+             for k, v in parse_qsl(parts.query, keep_blank_values=True)]
     return urlunsplit(parts._replace(query=urlencode(query, safe="REDACTED")))
 
 
@@ -78,7 +79,8 @@ class RedactQueries(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and "WebSocket" in str(record.msg):
-            record.args = tuple(redacted_path(a) if isinstance(a, str) and a.startswith("/") else a for a in record.args)
+            record.args = tuple(redacted_path(a) if isinstance(a, str) and a.startswith("/") else a
+                                for a in record.args)
         return True
 
 

@@ -2,10 +2,10 @@
 
 The body is counted while it is read, so an upload past the limit is refused before it is all
 in memory (a declared Content-Length past it is refused before reading anything). Work is
-admitted against the backpressure bounds (429 with Retry-After beyond them) from before its
-upload is decoded, its audio counted as it decodes (so a small file that decodes into hours is
-refused as its audio grows, not after); the request's deadline covers decoding the upload and
-transcribing it. A client that leaves cancels its decode.
+admitted against the backpressure bounds (429 with Retry-After beyond them) from the first byte
+of its upload, its audio counted as it decodes (so a small file that decodes into hours is
+refused as its audio grows, not after); the request's deadline covers the upload, its decoding
+and the transcription. A client that leaves cancels its decode.
 """
 
 from __future__ import annotations
