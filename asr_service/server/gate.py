@@ -36,9 +36,8 @@ class Door:
     # client a proper ending (a 503, an SSE error event and [DONE], a realtime error and close).
     grace_over: asyncio.Event = field(default_factory=asyncio.Event)
 
-    @staticmethod
-    def ending_message() -> str:
-        return "The server is shutting down and could not finish this work in its grace period; retry"
+
+GRACE_OVER_MESSAGE = "The server is shutting down and could not finish this work in its grace period; retry"
 
 
 def offered_subprotocol(scope) -> str | None:

@@ -24,7 +24,8 @@ from ..realtime.input_audio import InputAudioDecoder, InputAudioError
 from ..realtime.protocol import OPENAI, VLLM, ProtocolError
 from ..realtime.session import Completed, RealtimeLimits, RealtimeSession, SessionConfig
 from ..runtime import Runtime
-from .gate import SERVICE_RESTART, TRY_AGAIN_LATER, Door, dialect_of, offered_subprotocol, refuse_websocket
+from .gate import (GRACE_OVER_MESSAGE, SERVICE_RESTART, TRY_AGAIN_LATER, Door, dialect_of, offered_subprotocol,
+                   refuse_websocket)
 from .metrics import ServerMetrics
 from .state import ServerState
 
@@ -51,7 +52,8 @@ class RealtimeConnection:
         config = protocol.OPENAI_DEFAULTS if self.dialect == OPENAI else protocol.VLLM_DEFAULTS
         self.session = RealtimeSession(runtime.transcriber, self._emit, limits, config)
         self._decoder = InputAudioDecoder(config.input_format)
-        self._opened = self._last_audio = time.monotonic()  # audio, not housekeeping events, keeps a session open
+        # Audio, not housekeeping events, keeps a session from its idle timeout.
+        self._opened = self._last_audio = time.monotonic()
 
     def _emit(self, event) -> None:
         if isinstance(event, Completed) and self.metrics is not None:
@@ -90,7 +92,7 @@ class RealtimeConnection:
     async def _receive_loop(self, worker: asyncio.Task) -> None:
         while True:
             if self.door.grace_over.is_set():  # a shutdown's grace is over: end the session properly
-                self._error(self.door.ending_message(), "shutting_down")
+                self._error(GRACE_OVER_MESSAGE, "shutting_down")
                 self._close_code = SERVICE_RESTART
                 return
             if time.monotonic() - self._opened > self.limits.max_session_seconds:

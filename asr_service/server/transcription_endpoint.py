@@ -26,7 +26,7 @@ from ..formats import render, to_json, to_verbose_json
 from ..streaming import StreamDone, StreamFailed, StreamItem, render_stream
 from .admission import Overloaded, Ticket
 from .errors import OpenAIError
-from .gate import Door
+from .gate import GRACE_OVER_MESSAGE, Door
 from .request_form import TranscriptionRequest, parse_transcription_form
 from .sse import chunk_events, openai_events
 from .state import ServerState
@@ -102,7 +102,7 @@ async def _until_disconnected(request: Request, door: Door, work):
         while not task.done():
             done, _ = await asyncio.wait({task}, timeout=0.1)
             if not done and door.grace_over.is_set():
-                raise OpenAIError(503, door.ending_message(), code="shutting_down")
+                raise OpenAIError(503, GRACE_OVER_MESSAGE, code="shutting_down")
             if not done and await request.is_disconnected():
                 return None
         return task.result()
@@ -123,7 +123,7 @@ async def _until_grace_over(items: AsyncGenerator[StreamItem, None], door: Door)
             following = asyncio.ensure_future(anext(items))
             await asyncio.wait({following, grace_over}, return_when=asyncio.FIRST_COMPLETED)
             if not following.done():
-                yield StreamFailed(door.ending_message(), code="shutting_down")
+                yield StreamFailed(GRACE_OVER_MESSAGE, code="shutting_down")
                 return
             try:
                 item = following.result()
