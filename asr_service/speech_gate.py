@@ -21,6 +21,7 @@ import contextlib
 import copy
 import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +67,9 @@ class SpeechGate:
         self.threshold = threshold
         self._min_frames = max(1, round(min_speech_seconds * SAMPLE_RATE / FRAME))
         self._lock = threading.Lock()  # the model carries recurrent state between frames
+        # Callers on an event loop run the gate's scans here: one model, so one thread, of its
+        # own, so the scans neither wait behind nor take the threads that other work uses.
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speech-gate")
 
     def model_copy(self) -> torch.nn.Module:
         """A Silero model of the caller's own (streaming VAD keeps state in it)."""
@@ -132,8 +136,8 @@ class SpeechGate:
 @contextlib.contextmanager
 def _one_thread():
     """Run Silero's small per-frame ops on the calling thread alone. Called from a worker thread
-    (asyncio.to_thread), torch otherwise starts a second thread team next to the engine's and
-    the scan runs several times slower; the setting is the calling thread's, and is restored."""
+    (the gate's own), torch otherwise starts a second thread team next to the engine's and the
+    scan runs several times slower; the setting is the calling thread's, and is restored."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

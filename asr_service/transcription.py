@@ -193,6 +193,10 @@ class Transcriber:
         self.adapter = adapter
         self.gate = gate
 
+    async def _gate_work(self, scan, *args):
+        """A speech gate scan (CPU work), off the event loop on the gate's own thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.gate.worker, scan, *args)
+
     # ---- the two ways in ----
     async def transcribe(self, audio: np.ndarray, options: TranscriptionOptions = TranscriptionOptions(),
                          on_chunk_done: Callable[[AudioChunk], None] | None = None) -> TranscriptionResult:
@@ -254,13 +258,12 @@ class Transcriber:
         vad, pad = options.vad, round(options.vad.pad_s * rate)
         if audio.shape[0] <= cfg.max_clip_seconds * rate:
             # One window from the first speech on: a scan that stops there (cheap), not a full one.
-            onset = await asyncio.to_thread(self.gate.speech_start, audio, vad.threshold)  # CPU work: off the loop
+            onset = await self._gate_work(self.gate.speech_start, audio, vad.threshold)
             if onset is None:
                 return WindowPlan([AudioChunk(0, audio, rate)], [])
             start = max(0, onset - pad)
             return WindowPlan([AudioChunk(start, audio[start:], rate)], [(onset, audio.shape[0])])
-        # CPU work: off the event loop.
-        speech = await asyncio.to_thread(self.gate.speech_regions, audio, vad.min_silence_s, vad.threshold)
+        speech = await self._gate_work(self.gate.speech_regions, audio, vad.min_silence_s, vad.threshold)
         regions = pad_regions(speech, pad, audio.shape[0])
         return WindowPlan(speech_windows(audio, regions, rate, cfg.max_clip_seconds, vad.padded_gap_s), speech)
 
@@ -353,9 +356,9 @@ class Transcriber:
         offset = round((covered + SEGMENT_END_SLACK_S) * rate)
         if chunk.samples.shape[0] - offset < UNCOVERED_SPEECH_S * rate:
             return None
-        # CPU work: off the event loop. The regions are unpadded: the speech itself is counted.
-        regions = await asyncio.to_thread(self.gate.speech_regions, chunk.samples[offset:], options.vad.min_silence_s,
-                                          options.vad.threshold)
+        # The regions are unpadded: the speech itself is counted.
+        regions = await self._gate_work(self.gate.speech_regions, chunk.samples[offset:], options.vad.min_silence_s,
+                                        options.vad.threshold)
         if sum(end - start for start, end in regions) < UNCOVERED_SPEECH_S * rate:
             return None
         return max(covered, (offset + regions[0][0]) / rate - SEEK_LEAD_S)
@@ -431,8 +434,7 @@ class Transcriber:
     async def _hears_speech(self, chunk: AudioChunk, options: TranscriptionOptions) -> bool:
         if self.gate is None or not options.vad_filter:
             return True
-        # CPU work: off the event loop.
-        return await asyncio.to_thread(self.gate.has_speech, chunk.samples, options.vad.threshold)
+        return await self._gate_work(self.gate.has_speech, chunk.samples, options.vad.threshold)
 
     @staticmethod
     def _no_speech_outcome(chunk: AudioChunk) -> ChunkOutcome:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncGenerator, AsyncIterator
 
 from fastapi import Request
@@ -32,6 +33,9 @@ from .sse import chunk_events, openai_events
 from .state import ServerState
 
 FORM_OVERHEAD = 1024 * 1024  # multipart boundaries and the other fields, on top of the file
+# Uploads decode on threads of their own: a burst of large or hostile files waits its turn here
+# instead of taking every thread of the loop's default pool (realtime turn detection uses that).
+UPLOAD_DECODERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="upload-decode")
 
 
 class UploadTooLarge(Exception):
@@ -80,7 +84,8 @@ async def _read_request(request: Request, state: ServerState, task: str) -> tupl
 async def _decode(data: bytes, state: ServerState, ticket: Ticket, deadline: float):
     """The upload's samples, decoded off the event loop; the ticket grows as they decode."""
     try:
-        return await asyncio.to_thread(decode_audio, data, state.settings.limits, ticket.claim, deadline)
+        return await asyncio.get_running_loop().run_in_executor(UPLOAD_DECODERS, decode_audio, data,
+                                                                state.settings.limits, ticket.claim, deadline)
     except Overloaded as e:
         raise _busy(state, e) from None
     except TimeoutError:
