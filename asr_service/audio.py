@@ -77,9 +77,10 @@ def _check_declared(stream: av.audio.stream.AudioStream, limits: AudioLimits) ->
     """Refuse what the stream's header already says is unusable, before decoding anything."""
     if stream.sample_rate and stream.sample_rate < MIN_SAMPLE_RATE:
         raise InvalidAudioError(_low_rate(stream.sample_rate))
-    if stream.duration and stream.time_base and float(stream.duration * stream.time_base) > limits.max_seconds:
-        raise AudioTooLongError(f"audio of {float(stream.duration * stream.time_base):.0f} seconds (as its header "
-                                f"says) is longer than the limit of {limits.max_seconds:g} seconds")
+    declared = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else 0.0
+    if declared > limits.max_seconds:
+        raise AudioTooLongError(f"audio of {declared:.0f} seconds (as its header says) is longer than the limit of "
+                                f"{limits.max_seconds:g} seconds")
 
 
 # How often (in decoded audio) a decode reports its progress and checks its deadline.

@@ -79,8 +79,8 @@ class SpeechGate:
     def speech_regions(self, samples: np.ndarray, min_silence_seconds: float,
                        threshold: float | None = None) -> list[tuple[int, int]]:
         """Where the speech is: (start, end) sample ranges as heard, without padding (callers pad:
-        chunking.pad_regions), found by Silero's own ``get_speech_timestamps`` (pauses shorter
-        than ``min_silence_seconds`` stay inside)."""
+        chunking.pad_regions), by Silero's own region rules over the parallel scan's
+        probabilities (pauses shorter than ``min_silence_seconds`` stay inside)."""
         from silero_vad.utils_vad import get_speech_timestamps_from_probs
 
         found = get_speech_timestamps_from_probs(self._frame_probabilities(samples), sampling_rate=SAMPLE_RATE,
