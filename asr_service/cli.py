@@ -18,6 +18,7 @@ from .request_options import OPTIONS, OptionError, build_options
 from .runtime import DEVICES, ENGINES, QUANTIZATIONS, RuntimeSettings
 from .server.admission import AdmissionLimits
 from .server.auth import ENV_VAR, keys_from
+from .server.connections import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
 
 
 QUANTIZE_HELP = ("int8: dynamic int8 linear layers (fastest on CPU); bf16: encoder matrix products in bfloat16 "
@@ -125,7 +126,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="requests admitted and unfinished before new ones get 429")
     s.add_argument("--max-pending-audio-seconds", type=float, default=AdmissionLimits.max_pending_audio_seconds,
                    help="audio seconds admitted and unfinished before new requests get 429")
-    s.add_argument("--request-timeout", type=float, default=600.0, help="decode deadline per HTTP request (s)")
+    s.add_argument("--request-timeout", type=float, default=600.0,
+                   help="deadline per HTTP request, from its first byte to its answer (s)")
+    s.add_argument("--max-connections", type=int, default=ConnectionLimits.max_connections,
+                   help=f"open connections (HTTP and WebSocket) before new ones get 503 (default: "
+                        f"{DEFAULT_MAX_CONNECTIONS}, or what the open-files limit leaves room for)")
+    s.add_argument("--header-timeout", type=float, default=ConnectionLimits.header_timeout_s,
+                   help="seconds a connection has to send a request's headers")
+    s.add_argument("--keep-alive-timeout", type=float, default=ConnectionLimits.keep_alive_s,
+                   help="seconds an idle connection stays open after a response")
+    s.add_argument("--body-timeout", type=float, default=ConnectionLimits.body_timeout_s,
+                   help="longest pause inside an upload before it gets 408 (s)")
     s.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds SIGTERM waits for in-flight work before exiting")
     s.add_argument("--log-level", default="info")
@@ -133,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args) -> int:
-    from .server.runner import serve
+    from .server.runner import connection_plan_for, serve
     from .server.state import ServerSettings
 
     settings = ServerSettings(
@@ -144,8 +155,15 @@ def _serve(args) -> int:
                                 max_session_seconds=args.realtime_max_session_seconds),
         admission=AdmissionLimits(args.max_pending_requests, args.max_pending_audio_seconds),
         request_timeout_s=args.request_timeout, api_keys=keys_from(args.api_key),
+        connections=ConnectionLimits(max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+                                     keep_alive_s=args.keep_alive_timeout, body_timeout_s=args.body_timeout),
     )
-    return serve(settings, args.host, args.port, args.log_level, args.shutdown_grace)
+    try:
+        plan = connection_plan_for(settings)
+    except ValueError as e:  # a cap the open-files limit cannot hold: said before anything starts
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return serve(settings, args.host, args.port, args.log_level, args.shutdown_grace, plan)
 
 
 def _error_line(message: str, code: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -19,14 +20,17 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *extra_args: str, env: dict[str, str] | None = None):
+    def __init__(self, *extra_args: str, env: dict[str, str] | None = None, open_files: int | None = None):
+        """``open_files``: the process's limit on open files (soft and hard), when not inherited."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(f"/tmp/asr-service-test-{self.port}.log")
         self._log = open(self.log_path, "w")
         script = Path(sys.executable).parent / "asr-service"
         self.proc = subprocess.Popen([str(script), "serve", "--port", str(self.port), *extra_args],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+                                     stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                     preexec_fn=None if open_files is None else lambda: resource.setrlimit(
+                                         resource.RLIMIT_NOFILE, (open_files, open_files)))
         self.health_statuses: list[int] = []
 
     def wait_ready(self, timeout: float = 180.0) -> None:

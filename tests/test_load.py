@@ -1,8 +1,13 @@
 """A bounded load test on loopback: 64 asyncio clients mixing short, long, streaming and
 cancelled requests against a live server for ASR_LOAD_SECONDS (20 in CI; `make load-test`
-runs 60), then at most 45 s more of only the kinds not yet admitted. It stops by itself. Zero 5xx, every accepted request answered in full, 429s only
-because the pending bound was reached, the engine idle again at the end, RSS bounded.
-Figures go to test-artifacts/load-test.json."""
+runs 60), then at most 45 s more of only the kinds not yet admitted. It stops by itself.
+Hostile clients run beside them the whole time: decode bombs, uploads that stall or drip,
+headers that drip, and silent connections opened by the dozen.
+
+Zero 5xx and no broken call to the well-behaved clients, every accepted request answered in
+full, 429s only because the pending bound was reached; every hostile client gets a proper
+refusal (or, a silent one, a closed connection) within its timeout; the engine idle again at
+the end, RSS bounded. Figures go to test-artifacts/load-test.json."""
 
 import asyncio
 import json
@@ -18,6 +23,7 @@ import numpy as np
 import pytest
 
 from support.clips import all_clips, load_clip
+from tests.test_audio import encode_samples, one_hertz_bomb
 from tests.test_server_api import wav_bytes
 
 pytestmark = pytest.mark.slow
@@ -25,6 +31,8 @@ pytestmark = pytest.mark.slow
 SECONDS = float(os.environ.get("ASR_LOAD_SECONDS", "20"))
 CLIENTS = 64
 MAX_PENDING = 8
+HEADER_TIMEOUT = BODY_TIMEOUT = 3.0
+MAX_SECONDS = 1200  # the longest audio a request may decode into: with the pending bound, what bounds memory
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
@@ -37,14 +45,19 @@ def rss_mb(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    return start_server("--threads", "2", "--max-pending-requests", str(MAX_PENDING))
+    return start_server("--threads", "2", "--max-pending-requests", str(MAX_PENDING), "--max-pending-audio-seconds",
+                        "600", "--max-seconds", str(MAX_SECONDS), "--header-timeout", str(HEADER_TIMEOUT),
+                        "--body-timeout", str(BODY_TIMEOUT))
 
 
 def bodies() -> dict[str, bytes]:
     clips = all_clips()
     gap = np.zeros(4800, dtype=np.float32)
     mixed = np.concatenate([piece for lang, name in clips[:9] for piece in (load_clip(lang, name), gap)])
-    return {"short": wav_bytes(load_clip("en", "quick_brown_fox")), "long": wav_bytes(mixed[: 28 * 16000])}
+    silence = np.zeros((1, (MAX_SECONDS - 200) * 8000), dtype=np.int16)  # ~200 KB that decode into 1000 s
+    return {"short": wav_bytes(load_clip("en", "quick_brown_fox")), "long": wav_bytes(mixed[: 28 * 16000]),
+            "silent bomb": encode_samples(silence, 8000, "mono", "flac", "s16", "flac"),
+            "1 Hz bomb": one_hertz_bomb()}
 
 
 def refused(r: httpx.Response, text: str) -> tuple[int, str, float]:
@@ -71,6 +84,86 @@ async def one_request(client: httpx.AsyncClient, kind: str, body: bytes) -> tupl
             if kind == "cancelled" and line.startswith("data: "):
                 return 200, "cancelled", 0.0  # leaving the block closes the connection mid-stream
         return 200, "answered" if "data: [DONE]" in lines else "no [DONE]", 0.0
+
+
+async def read_reply(reader: asyncio.StreamReader) -> bytes:
+    """What the server sends until it closes the connection or has sent a whole error body."""
+    data = b""
+    while not data.endswith(b"}}") and (chunk := await reader.read(65536)):
+        data += chunk
+    return data
+
+
+async def raw_exchange(server, head: bytes, drip: bytes = b"", every: float = 0.0) -> tuple[bytes, float]:
+    """Send ``head``, then ``drip`` a byte every ``every`` seconds; return the server's reply
+    (see read_reply), and how long it took."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    started = time.monotonic()
+    reply = asyncio.create_task(read_reply(reader))
+    try:
+        writer.write(head)
+        for byte in drip:
+            if reply.done():
+                break
+            await asyncio.sleep(every)
+            writer.write(bytes([byte]))
+        return await asyncio.wait_for(reply, timeout=30), time.monotonic() - started
+    except (ConnectionError, asyncio.TimeoutError) as e:
+        return f"{type(e).__name__}".encode(), time.monotonic() - started
+    finally:
+        reply.cancel()
+        writer.close()
+
+
+def status_and_code(reply: bytes) -> str:
+    """'408 timeout' for an OpenAI-shaped error reply; the start of anything else."""
+    head, _, body = reply.partition(b"\r\n\r\n")
+    try:
+        return f"{int(head.split()[1])} {json.loads(body)['error']['code']}"
+    except (ValueError, IndexError, KeyError, TypeError):
+        return reply[:80].decode(errors="replace") or "closed silently"
+
+
+UPLOAD_HEAD = (b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
+               b"Content-Type: multipart/form-data; boundary=b\r\n\r\n--b\r\n")
+
+
+async def hostile(server, payloads: dict[str, bytes], done: asyncio.Event) -> list[dict]:
+    """The hostile clients, until ``done``: what each attempt got, and how long it took."""
+    records: list[dict] = []
+
+    async def repeat(kind: str, attempt):
+        while not done.is_set():
+            outcome, seconds = await attempt()
+            records.append({"kind": kind, "outcome": outcome, "seconds": round(seconds, 2)})
+            await asyncio.sleep(0.2)  # Retry-After ignored, but a few attempts a second are enough to tell
+
+    async def bomb(name: str):
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            started = time.monotonic()
+            r = await client.post("/v1/audio/transcriptions", files={"file": ("bomb", payloads[name], "audio/flac")})
+            outcome = f"{r.status_code} {r.json()['error']['code']}" if r.status_code != 200 else "200"
+            return outcome, time.monotonic() - started
+
+    async def stalled_upload():
+        reply, seconds = await raw_exchange(server, UPLOAD_HEAD)
+        return status_and_code(reply), seconds
+
+    async def dripped_headers():
+        reply, seconds = await raw_exchange(server, b"GET /health HTTP/1.1\r\n", b"X-Slow: " + b"y" * 200, 0.2)
+        return status_and_code(reply), seconds
+
+    async def silent_connections():
+        replies = await asyncio.gather(*(raw_exchange(server, b"") for _ in range(16)))
+        outcomes = {status_and_code(reply) for reply, _ in replies}
+        return " / ".join(sorted(outcomes)), max(seconds for _, seconds in replies)
+
+    dripping = asyncio.create_task(raw_exchange(server, UPLOAD_HEAD, b"x" * 100_000, 0.1))  # 10 B/s: pending work
+    await asyncio.gather(repeat("silent bomb", lambda: bomb("silent bomb")), repeat("1 Hz bomb", lambda: bomb("1 Hz bomb")),
+                         repeat("stalled upload", stalled_upload), repeat("dripped headers", dripped_headers),
+                         repeat("silent connections", silent_connections))
+    dripping.cancel()  # the client leaves: its place is freed
+    return records
 
 
 async def run_load(server) -> dict:
@@ -119,10 +212,12 @@ async def run_load(server) -> dict:
     limits = httpx.Limits(max_connections=CLIENTS + 4)
     async with httpx.AsyncClient(base_url=server.url, timeout=300, limits=limits) as client:
         watcher = asyncio.create_task(watch(client))
+        attackers = asyncio.create_task(hostile(server, payloads, clients_done))
         await asyncio.gather(*(client_loop(client) for _ in range(CLIENTS)))
         clients_done.set()
         await watcher
-    return {"records": records, "samples": samples}
+        hostile_records = await attackers
+    return {"records": records, "samples": samples, "hostile": hostile_records}
 
 
 def test_mixed_load_with_backpressure(server):
@@ -130,7 +225,7 @@ def test_mixed_load_with_backpressure(server):
     started = time.monotonic()
     measured = asyncio.run(run_load(server))
     wall = time.monotonic() - started
-    records, samples = measured["records"], measured["samples"]
+    records, samples, hostile_records = measured["records"], measured["samples"], measured["hostile"]
 
     deadline = time.monotonic() + 20  # cancelled work leaves the engine at its next step
     while (health := httpx.get(server.url + "/health").json())["active_sequences"] and time.monotonic() < deadline:
@@ -146,6 +241,10 @@ def test_mixed_load_with_backpressure(server):
                "requests": len(records), "mix": dict(Counter(r["kind"] for r in records)),
                "status": {str(k): v for k, v in by_status.items()}, "outcomes": dict(by_outcome),
                "answered_by_kind": dict(Counter(r["kind"] for r in answered)), "p95_seconds": p95,
+               "hostile": {kind: dict(Counter(r["outcome"] for r in hostile_records if r["kind"] == kind))
+                           for kind in sorted({r["kind"] for r in hostile_records})},
+               "hostile_max_seconds": {kind: max(r["seconds"] for r in hostile_records if r["kind"] == kind)
+                                       for kind in sorted({r["kind"] for r in hostile_records})},
                "peak_pending": max(samples["pending"]), "rss_mb": {"before": round(baseline), "peak": round(max(
                    samples["rss"])), "after": round(after)}}
     ARTIFACTS.mkdir(exist_ok=True)
@@ -158,6 +257,14 @@ def test_mixed_load_with_backpressure(server):
     assert all(figures["answered_by_kind"].get(kind, 0) > 0 for kind in ("short", "long", "streaming")), figures
     assert by_outcome["cancelled"] > 0
     assert health["active_sequences"] == 0 and health["queued_sequences"] == 0 and health["pending_requests"] == 0
+    # Every hostile client got a proper ending, in time; uploads also meet the pending bound (429).
+    expected = {"silent bomb": {"200", "429 server_busy"}, "1 Hz bomb": {"400 invalid_audio", "429 server_busy"},
+                "stalled upload": {"408 timeout", "429 server_busy"}, "dripped headers": {"408 timeout"},
+                "silent connections": {"closed silently"}}
+    for kind, outcomes in expected.items():
+        assert set(figures["hostile"].get(kind, {})) and set(figures["hostile"][kind]) <= outcomes, figures["hostile"]
+    for kind in ("stalled upload", "dripped headers", "silent connections"):
+        assert figures["hostile_max_seconds"][kind] < HEADER_TIMEOUT + 3, figures["hostile_max_seconds"]
     # The bound: the engine's caches grow to the batch's size once (the bench measured 1.46 GB at
     # 16 clients, fp32); after the load nothing more piles up.
     assert max(samples["rss"]) < 2000 and after <= max(samples["rss"]) + 50, figures["rss_mb"]

@@ -10,6 +10,8 @@ further. A second signal stops at once.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import signal
 import sys
@@ -19,6 +21,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import uvicorn
 
 from .app import ServerSettings, create_app
+from .connections import (ConnectionGuard, ConnectionPlan, GuardedH11Protocol, RateLimitedLog, open_files_limit,
+                          plan_connections, quiet_accept_errors)
 from .gate import Door
 
 log = logging.getLogger(__name__)
@@ -27,11 +31,16 @@ ENDING_SECONDS = 1.0  # after the grace: time for the handlers still inside to e
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, door: Door, grace_seconds: float):
+    def __init__(self, config: uvicorn.Config, door: Door, grace_seconds: float, warnings: RateLimitedLog):
         super().__init__(config)
         self.door = door
         self.grace_seconds = grace_seconds
+        self.warnings = warnings
         self._drain_started: float | None = None
+
+    async def startup(self, sockets=None) -> None:
+        quiet_accept_errors(asyncio.get_running_loop(), self.warnings)
+        await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame) -> None:
         if self._drain_started is not None:  # a second signal: stop now
@@ -94,13 +103,30 @@ def configure_logging(level: str) -> None:
     access.propagate = False
 
 
-def serve(settings: ServerSettings, host: str, port: int, log_level: str, grace_seconds: float) -> int:
+# An admitted request may hold one file open: its upload, spooled to disk past 1 MB.
+FILES_PER_REQUEST = 1
+
+
+def connection_plan_for(settings: ServerSettings) -> ConnectionPlan:
+    """The connection cap and backlog for ``settings`` (ValueError when the open-files limit
+    cannot hold the connections asked for)."""
+    return plan_connections(settings.connections.max_connections, FILES_PER_REQUEST,
+                            settings.admission.max_pending_requests, open_files_limit())
+
+
+def serve(settings: ServerSettings, host: str, port: int, log_level: str, grace_seconds: float,
+          plan: ConnectionPlan) -> int:
     configure_logging(log_level)
+    limits = settings.connections
+    guard = ConnectionGuard(limits, plan.max_connections)
     app = create_app(settings)
     # access_log off: the request log (request_log.py) writes one JSON line per request instead.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            http=functools.partial(GuardedH11Protocol, guard=guard),
+                            backlog=plan.backlog, timeout_keep_alive=limits.keep_alive_s,
                             timeout_graceful_shutdown=5)
-    DrainingServer(config, app.state.server.door, grace_seconds).run()
+    log.info("up to %d connections open at once (accept backlog %d)", plan.max_connections, plan.backlog)
+    DrainingServer(config, app.state.server.door, grace_seconds, guard.warnings).run()
     # A forced exit skips the app's own shutdown; the engine's thread must stop before the
     # interpreter does (torch aborts the process when its threads outlive it).
     runtime = app.state.server.runtime

@@ -18,6 +18,7 @@ from ..realtime.session import RealtimeLimits
 from ..runtime import Runtime, RuntimeSettings, build_runtime
 from .admission import Admission, AdmissionLimits
 from .auth import ApiKeys
+from .connections import ConnectionLimits
 from .errors import OpenAIError
 from .gate import Door
 from .metrics import ServerMetrics
@@ -34,7 +35,8 @@ class ServerSettings:
     limits: AudioLimits = field(default_factory=AudioLimits)
     realtime: RealtimeLimits = field(default_factory=RealtimeLimits)
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
-    request_timeout_s: float = 600.0  # decode deadline per HTTP request
+    request_timeout_s: float = 600.0  # deadline per HTTP request: upload, decoding, transcription
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     api_keys: tuple[str, ...] = ()  # empty: no authentication
 
     @property

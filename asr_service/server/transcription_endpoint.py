@@ -42,13 +42,22 @@ class UploadTooLarge(Exception):
     pass
 
 
-def _counting(receive, limit: int):
-    """``receive`` that stops the read once the body passes ``limit`` bytes."""
+class UploadStalled(Exception):
+    pass
+
+
+def _counting(receive, limit: int, pause_limit: float | None = None):
+    """``receive`` that stops the read once the body passes ``limit`` bytes, or when the next
+    part of it takes longer than ``pause_limit`` seconds to arrive."""
     seen = 0
 
     async def wrapped():
         nonlocal seen
-        message = await receive()
+        try:
+            async with asyncio.timeout(pause_limit):
+                message = await receive()
+        except TimeoutError:
+            raise UploadStalled from None
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:
@@ -65,12 +74,16 @@ async def _read_request(request: Request, state: ServerState, task: str) -> tupl
     if declared and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
         raise OpenAIError(413, f"Request body of {declared} bytes exceeds the upload limit of {limit} bytes",
                           param="file", code="file_too_large")
-    limited = Request(request.scope, _counting(request.receive, limit + FORM_OVERHEAD))
+    pause_limit = state.settings.connections.body_timeout_s
+    limited = Request(request.scope, _counting(request.receive, limit + FORM_OVERHEAD, pause_limit))
     try:
         form = await limited.form(max_files=1, max_fields=64)
     except UploadTooLarge:
         raise OpenAIError(413, f"Upload exceeds the limit of {limit} bytes (stopped reading at that point)",
                           param="file", code="file_too_large") from None
+    except UploadStalled:
+        raise OpenAIError(408, f"The upload stopped: nothing arrived for {pause_limit:g} s",
+                          code="timeout", type="timeout_error") from None
     except Exception as e:  # malformed multipart, wrong content type
         raise OpenAIError(400, f"Could not parse the request as multipart/form-data: {e}",
                           code="invalid_request") from None
@@ -168,22 +181,13 @@ def _busy(state: ServerState, e: Overloaded) -> OpenAIError:
                        headers={"Retry-After": str(e.retry_after)})
 
 
-async def _discard_body(request: Request, limit: int) -> None:
-    """Read and drop the upload (cheap next to parsing and decoding it), so the connection
-    stays usable for the client's retry."""
-    with contextlib.suppress(UploadTooLarge, Exception):
-        async for _ in Request(request.scope, _counting(request.receive, limit)).stream():
-            pass
-
-
 async def handle_transcription(request: Request, state: ServerState, task: str) -> Response:
     runtime = state.require_ready()
     try:
         # Pending from the upload's first byte (a slow upload is work the server holds), and
         # refused before the costly part when the server is full.
         ticket = state.admission.admit()
-    except Overloaded as e:
-        await _discard_body(request, state.settings.limits.max_bytes + FORM_OVERHEAD)
+    except Overloaded as e:  # answered at once; the connection drops the body as it arrives
         raise _busy(state, e) from None
     timeout = state.settings.request_timeout_s
     deadline = time.monotonic() + timeout  # the whole request: upload, decoding, transcription
