@@ -10,6 +10,7 @@ refusal (or, a silent one, a closed connection) within its timeout; the engine i
 the end, RSS bounded. Figures go to test-artifacts/load-test.json."""
 
 import asyncio
+import base64
 import json
 import os
 import random
@@ -21,9 +22,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import websockets
 
 from support.clips import all_clips, load_clip
 from tests.test_audio import encode_samples, one_hertz_bomb
+from tests.test_realtime_parts import pcm16
 from tests.test_server_api import wav_bytes
 
 pytestmark = pytest.mark.slow
@@ -166,6 +169,34 @@ async def hostile(server, payloads: dict[str, bytes], done: asyncio.Event) -> li
     return records
 
 
+async def realtime_sessions(server, done: asyncio.Event) -> list[dict]:
+    """One realtime client beside the load, session after session: the sentence streamed in real
+    time, then the final transcript (vLLM's dialect)."""
+    url = server.url.replace("http://", "ws://") + "/v1/realtime"
+    audio = pcm16(load_clip("en", "quick_brown_fox"))
+    records = []
+    while not done.is_set():
+        started = time.monotonic()
+        try:
+            async with websockets.connect(url) as ws, asyncio.timeout(120):
+                await ws.recv()  # session.created
+                await ws.send(json.dumps({"type": "session.update", "model": "whisper-1", "language": "en"}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                for i in range(0, len(audio), 3200):  # 100 ms frames, in real time
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(audio[i : i + 3200]).decode()}))
+                    await asyncio.sleep(0.1)
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+                while (event := json.loads(await ws.recv()))["type"] not in ("transcription.done", "error"):
+                    pass
+            outcome = ("answered" if event["type"] == "transcription.done" and "fox" in event["text"].lower()
+                       else json.dumps(event)[:200])
+        except (OSError, TimeoutError, websockets.WebSocketException) as e:
+            outcome = f"{type(e).__name__}: {e}"
+        records.append({"outcome": outcome, "seconds": round(time.monotonic() - started, 2)})
+    return records
+
+
 async def run_load(server) -> dict:
     payloads = bodies()
     rng = random.Random(7)
@@ -213,11 +244,12 @@ async def run_load(server) -> dict:
     async with httpx.AsyncClient(base_url=server.url, timeout=300, limits=limits) as client:
         watcher = asyncio.create_task(watch(client))
         attackers = asyncio.create_task(hostile(server, payloads, clients_done))
+        realtime = asyncio.create_task(realtime_sessions(server, clients_done))
         await asyncio.gather(*(client_loop(client) for _ in range(CLIENTS)))
         clients_done.set()
         await watcher
-        hostile_records = await attackers
-    return {"records": records, "samples": samples, "hostile": hostile_records}
+        hostile_records, realtime_records = await attackers, await realtime
+    return {"records": records, "samples": samples, "hostile": hostile_records, "realtime": realtime_records}
 
 
 def test_mixed_load_with_backpressure(server):
@@ -245,6 +277,8 @@ def test_mixed_load_with_backpressure(server):
                            for kind in sorted({r["kind"] for r in hostile_records})},
                "hostile_max_seconds": {kind: max(r["seconds"] for r in hostile_records if r["kind"] == kind)
                                        for kind in sorted({r["kind"] for r in hostile_records})},
+               "realtime": {"outcomes": dict(Counter(r["outcome"] for r in measured["realtime"])),
+                            "max_seconds": max((r["seconds"] for r in measured["realtime"]), default=None)},
                "peak_pending": max(samples["pending"]), "rss_mb": {"before": round(baseline), "peak": round(max(
                    samples["rss"])), "after": round(after)}}
     ARTIFACTS.mkdir(exist_ok=True)
@@ -256,6 +290,7 @@ def test_mixed_load_with_backpressure(server):
     assert by_status[429] > 0 and figures["peak_pending"] <= MAX_PENDING  # refused only at the bound
     assert all(figures["answered_by_kind"].get(kind, 0) > 0 for kind in ("short", "long", "streaming")), figures
     assert by_outcome["cancelled"] > 0
+    assert set(figures["realtime"]["outcomes"]) == {"answered"}, figures["realtime"]  # the realtime client too
     assert health["active_sequences"] == 0 and health["queued_sequences"] == 0 and health["pending_requests"] == 0
     # Every hostile client got a proper ending, in time; uploads also meet the pending bound (429).
     expected = {"silent bomb": {"200", "429 server_busy"}, "1 Hz bomb": {"400 invalid_audio", "429 server_busy"},
