@@ -327,6 +327,36 @@ async def test_a_session_ends_at_its_maximum_length_however_busy(ws_url):
                 await ws.recv()
 
 
+async def test_a_huge_prompt_neither_stalls_the_server_nor_the_session(server, ws_url):
+    """A 10 MB prompt in session.update: cut to Whisper's prompt budget by characters before
+    anything else, so /health stays quick while the session transcribes as usual."""
+    slowest = 0.0
+
+    async def probe(stop: asyncio.Event):
+        nonlocal slowest
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            while not stop.is_set():
+                started = time.monotonic()
+                assert (await client.get("/health")).status_code == 200
+                slowest = max(slowest, time.monotonic() - started)
+                await asyncio.sleep(0.05)
+
+    stop = asyncio.Event()
+    prober = asyncio.create_task(probe(stop))
+    async with websockets.connect(ws_url, max_size=None) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "model": "whisper-1", "language": "en",
+                                  "prompt": "Quick brown fox. " * 600_000}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await send_frames(ws, pcm16(load_clip("en", "hello_world")), 3200, 0.01)
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        done = (await receive_until(ws, "transcription.done", timeout=30))[-1]
+    stop.set()
+    await prober
+    assert normalize(done["text"]) == "hello world", done
+    assert slowest < 1.0, slowest
+
+
 async def test_vanished_client_frees_its_engine_work(server, ws_url):
     before = health(server)["cancelled_sequences"]
     ws = await websockets.connect(ws_url)

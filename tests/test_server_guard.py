@@ -172,6 +172,23 @@ def test_a_tiny_file_that_decodes_into_hours_is_refused_and_others_are_served(se
     assert httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(), files=clip_upload()).status_code == 200
 
 
+def test_a_huge_prompt_neither_stalls_the_server_nor_the_request(server):
+    """A prompt of 900 KB (near the form's per-field limit) is cut to Whisper's prompt budget by
+    characters before it is tokenized: /health stays quick and the clip is transcribed."""
+    slowest, answer = 0.0, {}
+    worker = threading.Thread(target=lambda: answer.update(r=httpx.post(
+        server.url + "/v1/audio/transcriptions", headers=auth(), data={"prompt": "Quick brown fox. " * 52_000},
+        files=clip_upload(), timeout=60)))
+    worker.start()
+    while worker.is_alive():
+        started = time.monotonic()
+        assert httpx.get(server.url + "/health").status_code == 200
+        slowest = max(slowest, time.monotonic() - started)
+        time.sleep(0.05)
+    assert answer["r"].status_code == 200 and answer["r"].json()["text"] == "Hello world.", answer["r"].text
+    assert slowest < 1.0, slowest
+
+
 def wait_for_health(url: str, figure: str, at_least: int, timeout: float = 30) -> None:
     """Poll /health until ``figure`` reaches ``at_least`` (or the timeout passes: the caller's
     assertions then say what was missing)."""
