@@ -11,8 +11,9 @@ accept, many times a second). Here:
   503 in the OpenAI shape and closed; the cap is set below the file-descriptor limit, so accept
   itself does not fail;
 - a body the server has answered before reading it all (401, 413, 429 ...) is read and dropped
-  for at most ``DRAIN_SECONDS``, so the client, still sending, gets to read that answer instead of
-  a reset, but cannot keep the connection by sending for ever.
+  while it keeps arriving (no pause longer than ``body_timeout_s``), for at most
+  ``DRAIN_SECONDS`` (nginx's lingering close): a client still sending gets to read that answer
+  instead of a reset, but cannot keep the connection by sending for ever.
 A body that stalls after its headers is the endpoint's to time out (it knows the request).
 """
 
@@ -39,7 +40,7 @@ MIN_BACKLOG = 64  # a smaller listen queue overflows under a burst of connects, 
 BASE_RESERVED_FILES = 32  # the listening socket, logs, the model's files while it loads, pipes
 MAX_LINGERING = 64  # refused connections given time to read their answer; past it, closed at once
 LINGER_SECONDS = 1.0  # after a refusal: time for the client to read it before the socket closes
-DRAIN_SECONDS = 5.0  # after an early answer: how long the rest of the body is read and dropped
+DRAIN_SECONDS = 30.0  # after an early answer: the longest the rest of the body is read and dropped
 LOG_EVERY_SECONDS = 10.0
 
 
@@ -157,6 +158,7 @@ class GuardedH11Protocol(H11Protocol):
         super().__init__(config, server_state, app_state, _loop)
         self.guard = guard
         self._deadline: asyncio.TimerHandle | None = None
+        self._pause: asyncio.TimerHandle | None = None  # while dropping a body: until its next bytes
         self._waiting_for: str | None = None  # "headers" or "body" (the rest of one already answered)
         self._refused = False  # over the cap: never set up as uvicorn's connection
         self._closing = False  # answered outside a request cycle; what arrives now is dropped
@@ -189,8 +191,10 @@ class GuardedH11Protocol(H11Protocol):
         self._watch()
 
     def _watch(self) -> None:
-        """Arm the deadline for what the connection now waits for from its client (once: bytes
-        arriving do not push it back), or disarm it when the request is in the app's hands."""
+        """Arm the deadline for what the connection now waits for from its client: a request's
+        headers (bytes arriving do not push it back), or the rest of a body already answered
+        (dropped for as long as it keeps coming, up to DRAIN_SECONDS). Disarm it while the
+        request is in the app's hands."""
         if self.transport.is_closing():
             return self._disarm()
         theirs, ours = self.conn.their_state, self.conn.our_state
@@ -201,6 +205,8 @@ class GuardedH11Protocol(H11Protocol):
         else:
             waiting_for = None
         if waiting_for == self._waiting_for:
+            if waiting_for == "body":  # more of it arrived
+                self._restart_pause_limit()
             return
         self._disarm()
         self._waiting_for = waiting_for
@@ -208,11 +214,18 @@ class GuardedH11Protocol(H11Protocol):
             self._deadline = self.loop.call_later(self.guard.limits.header_timeout_s, self._headers_too_slow)
         elif waiting_for == "body":
             self._deadline = self.loop.call_later(DRAIN_SECONDS, self.transport.close)
+            self._restart_pause_limit()
+
+    def _restart_pause_limit(self) -> None:
+        if self._pause is not None:
+            self._pause.cancel()
+        self._pause = self.loop.call_later(self.guard.limits.body_timeout_s, self.transport.close)
 
     def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self._deadline = None
+        for timer in (self._deadline, self._pause):
+            if timer is not None:
+                timer.cancel()
+        self._deadline = self._pause = None
         self._waiting_for = None
 
     def _headers_too_slow(self) -> None:
