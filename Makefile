@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test fuzz load-test serve transcribe bench bench-quick bench-long speech-tools clean
+.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long speech-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,13 @@ $(CHROMEDRIVER):
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "not root: chromium and chromium-driver not installed, tests/test_page.py will skip"; fi
 
-test: $(STAMP) $(CHROMEDRIVER) speech-tools
+# SGLang's own request code for tests/test_sglang_contract.py: each release in a side folder
+# run on this venv's interpreter (support/sglang_env.py), never installed into the venv.
+SGLANG_VERSIONS := 0.5.21 0.5.23
+sglang-envs: $(STAMP)
+	$(BIN)/python -m support.sglang_env .sglang $(SGLANG_VERSIONS)
+
+test: $(STAMP) $(CHROMEDRIVER) speech-tools sglang-envs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Longer hostile-input run than CI's: fresh randomness, more cases (FUZZ_EXAMPLES per property).

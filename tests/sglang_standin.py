@@ -158,8 +158,8 @@ class SGLangStandIn:
         if not audio_data.startswith("data:") or "," not in audio_data:
             raise Refused("audio_data: expected a data URL (data:...;base64,...)")
         audio = self._audio(audio_data)
-        if body.get("text") or body.get("input_ids"):
-            raise Refused("text / input_ids would be replaced by the Whisper processor")
+        if body.get("text") is None and body.get("input_ids") is None and body.get("input_embeds") is None:
+            raise Refused("Either text, input_ids or input_embeds should be provided.")  # GenerateReqInput's check
         modalities = body.get("modalities")
         if modalities is not None and modalities != ["audio"]:
             raise Refused(f"modalities: {modalities!r}")

@@ -213,7 +213,7 @@ def test_what_sglang_cannot_carry_is_refused_before_sending(runtime):
 
 def test_the_standin_checks_requests_field_by_field(standins):
     a, _ = standins
-    good = {"rid": "r1", "audio_data": "data:audio/wav;base64," + base64.b64encode(wav_bytes(np.zeros(1600, np.float32))).decode(),
+    good = {"rid": "r1", "text": "", "audio_data": "data:audio/wav;base64," + base64.b64encode(wav_bytes(np.zeros(1600, np.float32))).decode(),
             "sampling_params": {"_detect_language": True, "max_new_tokens": 2}, "stream": False}
     assert httpx.post(a.url + "/generate", json=good, timeout=60).status_code == 200
     for change in ({"sampling_params": {"_detect_language": True, "max_tokens": 2}},  # not a SamplingParams field
@@ -221,7 +221,8 @@ def test_the_standin_checks_requests_field_by_field(standins):
                    {"sampling_params": {"regex": ".*", "structural_tag": "{}"}},
                    {"audio": "x"},  # not a GenerateReqInput field
                    {"audio_data": "aGVsbG8="},  # not a data URL
-                   {"stream": "yes"}):
+                   {"stream": "yes"},
+                   {"text": None}):  # neither text nor input_ids: SGLang's GenerateReqInput refuses it
         r = httpx.post(a.url + "/generate", json={**good, **change}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["message"], (change, r.text)
 

@@ -1,7 +1,8 @@
 """SGLang's native ``/generate`` wire format for Whisper, as read from SGLang's source (0.5.21).
 
 How SGLang builds a Whisper decode (``srt/multimodal/processors/whisper.py``): the decoder
-prompt is never taken from the request's ``text`` or ``input_ids``. The processor replaces them
+prompt is never taken from the request's ``text`` or ``input_ids``, though one of them must be
+there (``GenerateReqInput`` refuses a body without; SGLang's own endpoint sends ``text: ""``). The processor replaces them
 with ``[<|startoftranscript|>]`` when ``sampling_params`` holds the private key
 ``_detect_language`` (it pops it before the rest becomes ``SamplingParams``), and otherwise with
 ``<|sot|><|lang|><|transcribe|><|notimestamps or 0.00|>``, the language from a ``language`` key
@@ -108,6 +109,9 @@ def generate_body(rid: str, samples: np.ndarray, params: DecodeParams) -> dict:
             sampling["sampling_seed"] = params.seed
     body = {
         "rid": rid,
+        # SGLang's request class refuses a body with no text, input_ids or input_embeds; its own
+        # transcription endpoint sends an empty text, which its Whisper processor then replaces.
+        "text": "",
         "audio_data": wav_data_url(samples),
         "modalities": ["audio"],
         "sampling_params": sampling,

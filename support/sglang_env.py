@@ -1,0 +1,52 @@
+"""Side environments holding SGLang's own request code, for the contract tests
+(tests/test_sglang_contract.py): ``python -m support.sglang_env DIR VERSION ...``.
+
+Each release goes into DIR/VERSION with ``pip install --target --no-deps``: the sglang wheel,
+the transformers and tokenizers it pins, and the light modules its request classes import.
+They run on this project's own interpreter with that folder first on PYTHONPATH, so torch
+(the CPU wheel), triton, numpy and pydantic come from the service's venv, and nothing is
+installed into it. No CPU build of torchvision is reachable here, and SGLang imports it only
+through transformers' image processors: a stand-in (support/sglang_standins/torchvision) takes
+its place. A folder is built once (its .complete stamp says it is whole).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# What each release pins, of what its request classes import (from its wheel's METADATA).
+PINNED = {
+    "0.5.21": ["transformers==5.12.1", "tokenizers==0.22.2", "huggingface_hub>=1.5,<2"],
+    "0.5.23": ["transformers==5.19.0", "tokenizers==0.23.2"],
+}
+# Imported on the way to sglang.srt.managers.io_struct; unpinned by SGLang, or pinned alike.
+LIGHT = ["orjson", "pybase64", "msgspec", "pyzmq", "requests", "ipython", "traitlets", "aiohttp", "multidict",
+         "yarl", "propcache", "aiohappyeyeballs", "aiosignal", "frozenlist", "dill", "sentencepiece==0.2.1",
+         "compressed-tensors==0.18.0", "loguru", "gguf", "partial_json_parser"]
+STANDINS = Path(__file__).parent / "sglang_standins"
+
+
+def build(root: Path, version: str) -> Path:
+    target = root / version
+    stamp = target / ".complete"
+    if stamp.exists():
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+                    f"sglang=={version}", *PINNED[version], *LIGHT], check=True)
+    shutil.copytree(STANDINS / "torchvision", target / "torchvision")
+    stamp.touch()
+    return target
+
+
+def main() -> None:
+    root = Path(sys.argv[1])
+    for version in sys.argv[2:]:
+        print(f"SGLang {version} request code in {build(root, version)}")
+
+
+if __name__ == "__main__":
+    main()
