@@ -12,6 +12,7 @@ its place. A folder is built once (its .complete stamp says it is whole).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -22,8 +23,9 @@ PINNED = {
     "0.5.21": ["transformers==5.12.1", "tokenizers==0.22.2", "huggingface_hub>=1.5,<2"],
     "0.5.23": ["transformers==5.19.0", "tokenizers==0.23.2"],
 }
-# Imported on the way to sglang.srt.managers.io_struct; unpinned by SGLang, or pinned alike.
-LIGHT = ["orjson", "pybase64", "msgspec", "pyzmq", "requests", "ipython", "traitlets", "aiohttp", "multidict",
+# Imported on the way to sglang.srt.managers.io_struct and missing from the service's venv;
+# unpinned by SGLang, or pinned alike.
+LIGHT = ["psutil", "pillow", "orjson", "pybase64", "msgspec", "pyzmq", "requests", "ipython", "traitlets", "aiohttp", "multidict",
          "yarl", "propcache", "aiohappyeyeballs", "aiosignal", "frozenlist", "dill", "sentencepiece==0.2.1",
          "compressed-tensors==0.18.0", "loguru", "gguf", "partial_json_parser"]
 STANDINS = Path(__file__).parent / "sglang_standins"
@@ -38,6 +40,11 @@ def build(root: Path, version: str) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
                     f"sglang=={version}", *PINNED[version], *LIGHT], check=True)
     shutil.copytree(STANDINS / "torchvision", target / "torchvision")
+    # Whole only if SGLang's request code imports: said here, not as a failing test later.
+    check = subprocess.run([sys.executable, "-c", "import sglang.srt.managers.io_struct"], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(target)})
+    if check.returncode != 0:
+        raise SystemExit(f"SGLang {version} in {target} does not import:\n{check.stderr[-2000:]}")
     stamp.touch()
     return target
 
