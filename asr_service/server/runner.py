@@ -1,4 +1,5 @@
-"""Runs the app under uvicorn, with a graceful drain on SIGTERM / SIGINT.
+"""Runs the app under uvicorn, with a graceful drain on SIGTERM / SIGINT, and its connections
+guarded (connections.py: a cap fitted to the open-files limit, a header deadline).
 
 On the first signal the server keeps listening but answers every new request with 503
 ("shutting_down", see gate.py) while the requests and realtime sessions already inside finish;

@@ -5,7 +5,8 @@ in memory (a declared Content-Length past it is refused before reading anything)
 admitted against the backpressure bounds (429 with Retry-After beyond them) from the first byte
 of its upload, its audio counted as it decodes (so a small file that decodes into hours is
 refused as its audio grows, not after); the request's deadline covers the upload, its decoding
-and the transcription. A client that leaves cancels its decode.
+and the transcription, and an upload that pauses longer than the body timeout gets 408. A
+client that leaves cancels its decode.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class UploadStalled(Exception):
     pass
 
 
-def _counting(receive, limit: int, pause_limit: float | None = None):
+def _counting(receive, limit: int, pause_limit: float):
     """``receive`` that stops the read once the body passes ``limit`` bytes, or when the next
     part of it takes longer than ``pause_limit`` seconds to arrive."""
     seen = 0
