@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
-from asr_service.engine.params import DecodeParams
+from asr_service.engine.params import CanaryDecode, DecodeParams
 
 from .base import ParsedOutput, ParsedSegment, SpeechToTextConfig, TranscriptionAdapter
 from .whisper_grammar import GrammarKey, WhisperGrammars
@@ -100,6 +100,39 @@ class WhisperAdapter(TranscriptionAdapter):
         key = self.grammars.key(task, timestamps, candidates or self.supported_languages)
         # The prefix <|lang|><|task|><|mode|> is generated: allow for it in the token budget.
         return self._params(ctx + [self.tok.sot], key, len(ctx), 3)
+
+    def build_canary(self, previous_text: str | None = None) -> CanaryDecode:
+        """The decode a remote engine's server must pass before it gets traffic (see
+        asr_service.engine.sglang): on silence, prompt ``[<|startofprev|> previous text]
+        <|startoftranscript|>``, and the canary constraint (WhisperGrammars.canary).
+
+        - A server that applies both answers a language, ``<|translate|><|notimestamps|>``, and
+          the end of text: after <|startoftranscript|> the model always names a language, and the
+          constraint then forces the task it would not pick.
+        - One that ignores the prompt and decodes SGLang's default English transcription prompt
+          (SGLang 0.5.22+ without the plugin, or 0.5.21 without the plugin given input_ids)
+          answers plain text or the end of text at once: after <|notimestamps|> the model does not
+          name a language.
+        - One that drops the constraint (an SGLang router) answers <|transcribe|> or
+          <|nospeech|> after a language, or special tokens the constraint forbids.
+        """
+        tok = self.tok
+        prompt = self._context(previous_text) + [tok.sot]
+        params = DecodeParams(prompt_ids=tuple(prompt), eot_id=tok.eot, constraint=self.grammars.canary(),
+                              max_new_tokens=8)
+        return CanaryDecode(params, self._canary_failure)
+
+    def _canary_failure(self, token_ids: list[int]) -> str | None:
+        tok = self.tok
+        ids = token_ids[:-1] if token_ids[-1:] == [tok.eot] else list(token_ids)
+        if len(ids) == 3 and ids[0] in tok.id_to_language and ids[1:] == [tok.translate, tok.no_timestamps]:
+            return None
+        if all(t < tok.eot for t in ids):
+            return ("it ignores the decoder prompt it is sent (it answered as if prompted with SGLang's default "
+                    f"English transcription prompt: {self.tok.decode(ids)!r})")
+        names = [tok.token_string(t) for t in token_ids]
+        return (f"it does not apply the constraint it is sent (an SGLang router drops structural_tag): the canary "
+                f"decode gave {names}, where the constraint forces a language, <|translate|>, <|notimestamps|>")
 
     # ---- parsing ----
     def _prefix_in_prompt(self, params: DecodeParams) -> bool:

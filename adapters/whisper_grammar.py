@@ -98,6 +98,21 @@ class WhisperGrammars:
         return tuple(elements)
 
 
+    def canary(self) -> Constraint:
+        """A constraint that allows two outputs: a language, then ``<|translate|><|notimestamps|>``
+        (what the model does after a prompt ending in <|startoftranscript|>, except the task it
+        would not pick), or plain text (what it does after a prompt that already holds the
+        prefix). See WhisperAdapter.build_canary for what each outcome tells."""
+        tok = self.tok
+        prefix = {"type": "sequence", "elements": [_one_of(sorted(tok.language_ids.values())),
+                                                   {"type": "token", "token": tok.translate},
+                                                   {"type": "token", "token": tok.no_timestamps}]}
+        text = {"type": "any_tokens", "exclude_tokens": sorted(tok.special_ids - {tok.eot})}
+        elements = ({"type": "or", "elements": [prefix, text]},)
+        tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": list(elements)}}
+        return Constraint(elements, self._compiler.compile_structural_tag(tag))
+
+
 def _one_of(ids: list[int]) -> dict:
     if len(ids) == 1:
         return {"type": "token", "token": ids[0]}

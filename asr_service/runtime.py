@@ -75,6 +75,14 @@ def _check_choices(engine: str, sglang_urls, device: str, quantize: str | None) 
     return device
 
 
+def sglang_canaries(adapter: WhisperAdapter) -> dict:
+    """The canary decode an SGLang server must pass for each way of carrying the prompt. The one
+    sent as input_ids holds previous text: a server that passes it carries any prompt."""
+    from .engine.sglang import Carrier
+
+    return {Carrier.INPUT_IDS: adapter.build_canary(previous_text="Hello."), Carrier.DETECT_KEY: adapter.build_canary()}
+
+
 def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
     s = settings
     device = _check_choices(s.engine, s.sglang_urls, s.device or default_device(), s.quantize)
@@ -83,7 +91,7 @@ def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
     if s.engine == "sglang":
         from .engine.sglang import SGLangEngine
 
-        remote = SGLangEngine(list(s.sglang_urls), decoder_start_id=adapter.tok.sot,
+        remote = SGLangEngine(list(s.sglang_urls), decoder_start_id=adapter.tok.sot, canaries=sglang_canaries(adapter),
                               retry_after_s=s.sglang_retry_after_s)
         return Runtime(loaded, adapter, remote, Transcriber(remote, adapter, SpeechGate()))
     encoder_dtype = None

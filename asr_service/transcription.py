@@ -323,8 +323,10 @@ class Transcriber:
             # The window's text so far conditions the continuation (as the sequential algorithm
             # conditions each window on the last): a short rest of audio decoded without it is
             # often misheard.
-            context = " ".join(t for t in (previous_text or options.previous_text, shown) if t)
-            outcome.pieces.append(await self._decode_chunk(rest, replace(options, language=language), context or None,
+            context = " ".join(t for t in (previous_text or options.previous_text, shown) if t) or None
+            if context and self.engine.refusal(self.params_for(options, language, context)) is not None:
+                context = None  # an engine that carries no prompt (SGLang without the plugin): the rest alone
+            outcome.pieces.append(await self._decode_chunk(rest, replace(options, language=language), context,
                                                            follow))
         return outcome
 

@@ -47,6 +47,17 @@ def tok(adapter):
     return adapter.tok
 
 
+@pytest.fixture(scope="session")
+def sglang_judges(runtime):
+    """SGLang's own request code per release (support/sglang_judge.py), started together."""
+    from support.sglang_judge import SGLANG_VERSIONS, SGLangJudge
+
+    judges = {version: SGLangJudge(version, runtime.loaded.tokenizer_file) for version in SGLANG_VERSIONS}
+    yield judges
+    for judge in judges.values():
+        judge.close()
+
+
 @pytest.fixture(scope="module")
 def start_server():
     """Start ``asr-service serve`` processes (flags as arguments); each is ready when returned

@@ -1,21 +1,17 @@
 """A STAND-IN for an SGLang server serving Whisper, for tests only (SGLang needs a GPU).
 
-It speaks SGLang 0.5.21's native wire format as read from SGLang's source, and produces its
-tokens with this project's own BatchEngine, so what comes back is real Whisper output:
+What SGLang decides about a request is decided by SGLang's own code: every body goes to the
+judge of the release it stands in for (support/sglang_judge.py: SGLang 0.5.21 or 0.5.23
+installed in a side folder), which runs the 0.5.22+ contract gate, ``GenerateReqInput``, the
+Whisper multimodal processor (SGLang's own, or with ``plugin`` the asr_whisper_prompt plugin's)
+and ``SamplingParams``. A refusal there is answered as SGLang's HTTP server answers it; what it
+accepts is decoded with the decoder prompt SGLang's processor made and the sampling params it
+left. The stand-in's own parts, each a reading of SGLang's source rather than its code:
 
-- ``POST /generate`` takes a ``GenerateReqInput`` body (srt/managers/io_struct.py). Every key is
-  checked against that dataclass's fields (stricter than SGLang, which ignores unknown top-level
-  keys: a typo in the client fails here), and each field the client uses is type-checked.
-- ``sampling_params`` goes through what SGLang's Whisper processor does
-  (srt/multimodal/processors/whisper.py): ``_detect_language`` and ``timestamp_granularities``
-  are popped, and without ``_detect_language`` also ``language``. The decoder prompt is then
-  ``[<|startoftranscript|>]`` (detect) or ``<|sot|><|lang|><|transcribe|><|notimestamps|>`` (or
-  ``<|0.00|>`` with timestamps; English when no language), never anything the request carries.
-  The remaining keys must be ``SamplingParams`` fields (srt/sampling/sampling_params.py) and pass
-  its ``verify`` ranges; only one of json_schema / regex / ebnf / structural_tag.
-- The constraint is compiled as SGLang's xgrammar backend does (``compile_structural_tag`` of the
-  JSON text; ``compile_regex``) and no Whisper logit rules are applied, as in SGLang. Greedy at
-  temperature 0.
+- Decoding: this project's own BatchEngine (real Whisper output), greedy at temperature 0, the
+  ``structural_tag`` compiled with xgrammar as SGLang's xgrammar backend does, no Whisper logit
+  rules (SGLang applies none). ``drops_constraint`` stands in for sglang-router / smg, whose
+  typed ``SamplingParams`` has no ``structural_tag`` (the decode runs unconstrained).
 - Streaming (SSE ``data: {json}``, then ``data: [DONE]``): one event per token, cumulative
   ``output_ids`` / ``text`` / logprob lists (SGLang's default) or only the new part
   (``incremental=True``, SGLang's ``--incremental-streaming-output``). ``meta_info`` holds ``id``,
@@ -29,12 +25,10 @@ tokens with this project's own BatchEngine, so what comes back is real Whisper o
   null. ``text`` holds the ordinary tokens' text only.
 - Errors while a streamed request is set up come inside the stream as ``data: {"error": ...}``
   with HTTP 200, as SGLang's ``stream_results`` does; non-streamed ones as HTTP 400
-  ``{"error": {"message": ...}}``.
+  ``{"error": {"message": ...}}``; the contract gate's as HTTP 400 ``{"error": "..."}``.
 - ``POST /abort_request`` (``{"rid", "abort_all"}``) cancels that decode; its stream then ends
   with an ``abort`` finish. A client that disconnects also cancels its decode (SGLang's
   background abort task).
-- ``contract=True`` answers like SGLang 0.5.22 and later, whose JSON contract refuses unknown
-  ``sampling_params`` keys with HTTP 400 ``{"error": "unknown field `key`, expected one of ..."}``.
 - Identical audio maps to one array, so the engine's encoder cache serves repeats (SGLang has a
   multimodal cache of its own).
 - Faults for tests: drop the connection before any token, or after N tokens.
@@ -62,27 +56,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from asr_service.engine.params import Constraint, DecodeParams
 from support.server_process import free_port
+from support.sglang_judge import SGLangJudge
 
-# GenerateReqInput's fields (SGLang 0.5.21, srt/managers/io_struct.py).
-GENERATE_FIELDS = frozenset("""rid session_id text input_ids input_embeds image_data video_data audio_data mm_hashes
-mm_content_hashes use_audio_in_video video_config sampling_params return_logprob logprob_start_len top_logprobs_num
-token_ids_logprob return_sampling_mask sampling_logprobs_mode return_text_in_logprobs return_flat_raw_top_logprobs
-return_flat_raw_top_logprobs_b64 stream log_metrics return_hidden_states return_routed_experts routed_experts_start_len
-return_indexer_topk modalities session_params lora_path lora_id custom_logit_processor positional_embed_overrides
-bootstrap_host bootstrap_port bootstrap_room bootstrap_pair_key decode_tp_size routed_dp_rank data_parallel_rank
-disagg_prefill_dp_rank routing_key conversation_id http_worker_ipc background require_reasoning max_thinking_tokens
-priority extra_key no_logs custom_labels return_bytes return_entropy return_prompt_token_ids external_trace_header
-received_time need_wait_for_mm_inputs num_items_assigned encoder_urls max_dynamic_patch min_dynamic_patch
-image_max_dynamic_patch video_max_dynamic_patch images_config multi_item_delimiter_indices token_indices_to_pool
-cache_salt kv_hints""".split())
-# SamplingParams' API fields (SGLang 0.5.21, srt/sampling/sampling_params.py).
-SAMPLING_FIELDS = ("max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-                   "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "beam_width",
-                   "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
-                   "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed",
-                   "custom_params")
-# SGLang 0.5.22+'s JSON contract for sampling_params (sglang/api/v1/api_types.py): the same plus two.
-CONTRACT_SAMPLING_FIELDS = SAMPLING_FIELDS + ("watermark", "choice")
 WHISPER_MAX_POSITIONS = 448
 
 
@@ -108,11 +83,13 @@ class Job:
 
 
 class SGLangStandIn:
-    def __init__(self, engine, tok, incremental: bool = False, contract: bool = False):
-        self.engine, self.tok = engine, tok
-        self.incremental, self.contract = incremental, contract
+    def __init__(self, engine, tok, judge: SGLangJudge, plugin: bool = False, incremental: bool = False,
+                 drops_constraint: bool = False):
+        self.engine, self.tok, self.judge = engine, tok, judge
+        self.plugin, self.incremental, self.drops_constraint = plugin, incremental, drops_constraint
         self.faults = Faults()
         self.requests: list[dict] = []  # every /generate body received
+        self.verdicts: list[dict] = []  # the judge's verdict on each
         self.finished: dict[str, dict] = {}  # rid -> finish_reason sent
         self.aborted: list[str] = []  # rids named by /abort_request
         self.disconnected: list[str] = []  # rids whose client left before the end
@@ -144,35 +121,17 @@ class SGLangStandIn:
         self._server.should_exit = True
         self._thread.join(timeout=10)
 
-    # ---- the request, checked as SGLang checks it ----
-    def parse(self, body) -> Job:
-        if not isinstance(body, dict):
-            raise Refused("the request body must be a JSON object")
-        unknown = sorted(set(body) - GENERATE_FIELDS)
-        if unknown:
-            raise Refused(f"unknown GenerateReqInput fields: {unknown}")
-        rid = _typed(body, "rid", str)
-        if not rid:
-            raise Refused("rid: the client must name its request to abort it")
-        audio_data = _typed(body, "audio_data", str)
-        if not audio_data.startswith("data:") or "," not in audio_data:
-            raise Refused("audio_data: expected a data URL (data:...;base64,...)")
-        audio = self._audio(audio_data)
-        if body.get("text") is None and body.get("input_ids") is None and body.get("input_embeds") is None:
-            raise Refused("Either text, input_ids or input_embeds should be provided.")  # GenerateReqInput's check
-        modalities = body.get("modalities")
-        if modalities is not None and modalities != ["audio"]:
-            raise Refused(f"modalities: {modalities!r}")
-        stream = _typed(body, "stream", bool, False)
-        return_logprob = _typed(body, "return_logprob", bool, False)
+    # ---- the request, judged by SGLang's own code ----
+    def parse(self, body, verdict: dict) -> Job:
+        """The decode SGLang would run for ``body``, from the judge's verdict on it."""
+        for key in ("request_error", "processor_error", "sampling_error"):
+            if verdict[key]:
+                raise Refused(verdict[key])
+        prompt, sampling = verdict["decoder_prompt"], verdict["sampling_params"]
+        audio = self._audio(body["audio_data"])
         requested = body.get("token_ids_logprob") or []
-        if not (isinstance(requested, list) and all(type(t) is int and 0 <= t < self.tok.vocab_size for t in requested)):
-            raise Refused("token_ids_logprob: expected a list of token ids")
-        sampling = dict(_typed(body, "sampling_params", dict, {}))
-        prompt = self._whisper_prompt(sampling)
-        grammar = self._sampling(sampling)
-        max_new = sampling.get("max_new_tokens", 128)
-        max_new = min(max_new, WHISPER_MAX_POSITIONS - len(prompt))
+        grammar = None if self.drops_constraint else self._constraint(sampling)
+        max_new = min(sampling.get("max_new_tokens", 128), WHISPER_MAX_POSITIONS - len(prompt))
         temperature = float(sampling.get("temperature", 1.0))
         params = DecodeParams(
             # The engine below reads only the compiled form of a constraint.
@@ -181,7 +140,8 @@ class SGLangStandIn:
             temperature=temperature if temperature > 1e-6 else 0.0,
             top_k=sampling.get("top_k"), top_p=sampling.get("top_p"), seed=sampling.get("sampling_seed"),
             probe_index=len(prompt) - 1, probe_ids=tuple(requested))
-        return Job(rid, audio, params, _allowed_first(grammar, self.tok.vocab_size), requested, stream, return_logprob)
+        return Job(body["rid"], audio, params, _allowed_first(grammar, self.tok.vocab_size), requested,
+                   body.get("stream", False), body.get("return_logprob", False))
 
     def _audio(self, data_url: str) -> np.ndarray:
         """The same audio gets the same array, so the engine's encoder cache serves repeats (the
@@ -194,49 +154,18 @@ class SGLangStandIn:
                 self._audio_cache.pop(next(iter(self._audio_cache)))
         return self._audio_cache[key]
 
-    def _whisper_prompt(self, sampling: dict) -> list[int]:
-        """What WhisperProcessor.process_mm_data_async does with sampling_params."""
-        tok = self.tok
-        detect = sampling.pop("_detect_language", None)
-        timestamps = sampling.pop("timestamp_granularities", None)
-        if detect:
-            return [tok.sot]
-        language = sampling.pop("language", None) or "en"
-        if language not in tok.language_ids:
-            raise Refused(f"Language '{language}' not recognized.")
-        return [tok.sot, tok.language_ids[language], tok.transcribe,
-                tok.timestamp_begin if timestamps else tok.no_timestamps]
-
-    def _sampling(self, sampling: dict):
-        """SamplingParams(**rest) and verify(); the compiled constraint (or None)."""
-        unknown = [k for k in sampling if k not in SAMPLING_FIELDS]
-        if unknown:
-            raise Refused(f"SamplingParams.__init__() got an unexpected keyword argument '{unknown[0]}'")
-        checks = {"max_new_tokens": lambda v: type(v) is int and v >= 0,
-                  "temperature": lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,
-                  "top_p": lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
-                  "top_k": lambda v: type(v) is int and (v >= 1 or v == -1),
-                  "sampling_seed": lambda v: type(v) is int,
-                  "skip_special_tokens": lambda v: type(v) is bool,
-                  "spaces_between_special_tokens": lambda v: type(v) is bool,
-                  "structural_tag": lambda v: isinstance(v, str), "regex": lambda v: isinstance(v, str)}
-        for key, ok in checks.items():
-            if key in sampling and sampling[key] is not None and not ok(sampling[key]):
-                raise Refused(f"{key} has an invalid value {sampling[key]!r}")
-        constraints = [k for k in ("json_schema", "regex", "ebnf", "structural_tag") if sampling.get(k)]
-        if len(constraints) > 1:
-            raise Refused("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
-        if not constraints:
+    def _constraint(self, sampling: dict):
+        """The compiled constraint (or None), as SGLang's xgrammar backend compiles it."""
+        if sampling.get("regex"):
+            return self._compiler.compile_regex(sampling["regex"])
+        if sampling.get("json_schema") or sampling.get("ebnf"):
+            raise Refused("the stand-in compiles structural_tag and regex only")
+        if not sampling.get("structural_tag"):
             return None
-        text = sampling[constraints[0]]
-        if constraints[0] == "regex":
-            return self._compiler.compile_regex(text)
-        if constraints[0] != "structural_tag":
-            raise Refused(f"the stand-in compiles structural_tag and regex only, not {constraints[0]}")
-        tag = json.loads(text)
+        tag = json.loads(sampling["structural_tag"])
         if tag.get("structures") is not None or not isinstance(tag.get("format"), dict):
             raise Refused("structural_tag: expected xgrammar's format object (not the legacy structures/triggers)")
-        return self._compiler.compile_structural_tag(text)
+        return self._compiler.compile_structural_tag(sampling["structural_tag"])
 
     # ---- the app ----
     def _build_app(self) -> FastAPI:
@@ -246,15 +175,13 @@ class SGLangStandIn:
         async def generate(request: Request):
             body = await request.json()
             self.requests.append(body)
-            if self.contract:
-                keys = body.get("sampling_params", {}) if isinstance(body, dict) else {}
-                unknown = [k for k in keys if k not in CONTRACT_SAMPLING_FIELDS]
-                if unknown:
-                    listed = ", ".join(f"`{f}`" for f in CONTRACT_SAMPLING_FIELDS)
-                    return JSONResponse({"error": f"unknown field `{unknown[0]}`, expected one of {listed}"}, 400)
+            verdict = await asyncio.to_thread(self.judge.judge, body, self.plugin)
+            self.verdicts.append(verdict)
+            if verdict["contract_error"]:
+                return JSONResponse({"error": verdict["contract_error"]}, 400)
             stream = isinstance(body, dict) and body.get("stream") is True
             try:
-                job = self.parse(body)
+                job = self.parse(body, verdict)
             except (Refused, ValueError, RuntimeError) as e:
                 if stream:
                     return StreamingResponse(_refused_stream(str(e)), media_type="text/event-stream")
@@ -345,16 +272,6 @@ class SGLangStandIn:
             if job.requested_ids:
                 meta["output_token_ids_logprobs"] = position_rows[start:]
         return {"text": self.tok.decode(ids[start:]), "output_ids": ids[start:], "meta_info": meta}
-
-
-def _typed(body: dict, key: str, kind: type, default=None):
-    if key not in body or body[key] is None:
-        if default is None:
-            raise Refused(f"{key} is required")
-        return default
-    if type(body[key]) is not kind:
-        raise Refused(f"{key}: expected {kind.__name__}, got {type(body[key]).__name__}")
-    return body[key]
 
 
 def _wav(data_url: str) -> np.ndarray:

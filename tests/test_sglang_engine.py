@@ -1,9 +1,11 @@
 """--engine sglang against STAND-IN SGLang servers (tests/sglang_standin.py).
 
-SGLang needs a GPU, so the servers here are stand-ins that speak SGLang 0.5.21's /generate wire
-format as read from its source and decode with this project's own engine (real Whisper output).
-First the SGLangEngine in-process over real HTTP to the stand-ins, then a live `asr-service serve
---engine sglang` process with the OpenAI SDK and raw HTTP.
+SGLang needs a GPU, so the servers here are stand-ins: SGLang's own request code judges every
+body (the release's contract gate, request class, Whisper processor, SamplingParams) and this
+project's engine decodes what it accepts (real Whisper output). A stands in for SGLang 0.5.21
+without the plugin (prompts go by the private key), B for 0.5.23 with the asr_whisper_prompt
+plugin (prompts go as input_ids). First the SGLangEngine in-process over real HTTP to the
+stand-ins, then a live `asr-service serve --engine sglang` process with the OpenAI SDK and raw HTTP.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import pytest
 import soundfile as sf
 
 from asr_service.engine.params import EngineUnavailable, UnsupportedDecode
-from asr_service.engine.sglang import SGLangEngine
+from asr_service.engine.sglang import Carrier, SGLangEngine
+from asr_service.runtime import sglang_canaries
 from asr_service.transcription import Transcriber, TranscriptionOptions
 from support.clips import clip_path, load_clip
 from tests.sglang_standin import SGLangStandIn
@@ -31,11 +34,19 @@ from tests.test_server_api import assert_openai_error, sse_events, wav_bytes
 pytestmark = pytest.mark.server
 
 
+OLDEST, CURRENT = "0.5.21", "0.5.23"
+
+
+def standin(runtime, judges, version: str, **kwargs) -> SGLangStandIn:
+    return SGLangStandIn(runtime.engine, runtime.adapter.tok, judges[version], **kwargs).start()
+
+
 @pytest.fixture(scope="module")
-def standins(runtime):
-    """Two stand-ins: A streams cumulative events (SGLang's default), B incremental ones."""
-    a = SGLangStandIn(runtime.engine, runtime.adapter.tok).start()
-    b = SGLangStandIn(runtime.engine, runtime.adapter.tok, incremental=True).start()
+def standins(runtime, sglang_judges):
+    """A: SGLang 0.5.21 without the plugin, cumulative events (SGLang's default). B: 0.5.23 with
+    the plugin, incremental events."""
+    a = standin(runtime, sglang_judges, OLDEST)
+    b = standin(runtime, sglang_judges, CURRENT, plugin=True, incremental=True)
     yield a, b
     a.stop()
     b.stop()
@@ -48,9 +59,21 @@ def no_faults(standins):
     yield
 
 
+def engine_for(runtime, *urls, retry_after_s: float = 2.0) -> SGLangEngine:
+    return SGLangEngine(list(urls), runtime.adapter.tok.sot, sglang_canaries(runtime.adapter),
+                        retry_after_s=retry_after_s)
+
+
 def remote(runtime, *urls, retry_after_s: float = 2.0) -> Transcriber:
-    engine = SGLangEngine(list(urls), runtime.adapter.tok.sot, retry_after_s=retry_after_s)
-    return Transcriber(engine, runtime.adapter, None)
+    return Transcriber(engine_for(runtime, *urls, retry_after_s=retry_after_s), runtime.adapter, None)
+
+
+async def admitted(runtime, *urls, retry_after_s: float = 2.0) -> Transcriber:
+    """A transcriber whose servers have passed their canaries (so faults set later hit work)."""
+    tr = remote(runtime, *urls, retry_after_s=retry_after_s)
+    await tr.engine.admit()
+    assert all(b["state"] == "up" for b in tr.engine.pool.snapshot()), tr.engine.pool.snapshot()
+    return tr
 
 
 def _tag(body: dict) -> list[dict]:
@@ -59,49 +82,99 @@ def _tag(body: dict) -> list[dict]:
 
 # ---- the engine in-process ----
 
-async def test_fused_detection_matches_the_embedded_engine(runtime, standins):
-    a, _ = standins
-    tr = remote(runtime, a.url)
+async def test_each_server_is_admitted_with_the_way_of_carrying_prompts_it_honours(runtime, standins):
+    a, b = standins
+    tr = await admitted(runtime, a.url, b.url)
+    carriers = {s["url"]: s["prompt_carrier"] for s in tr.engine.pool.snapshot()}
+    assert carriers == {a.url: Carrier.DETECT_KEY.value, b.url: Carrier.INPUT_IDS.value}
+    # A was tried with input_ids first: its processor replaced them with SGLang's English prompt,
+    # so the canary came back as text. SGLang's judge saw the body and made that prompt.
+    tok = runtime.adapter.tok
+    canaries = [(body, v) for body, v in zip(a.requests, a.verdicts) if body["rid"].startswith("asr-canary-")]
+    assert canaries[-2][1]["decoder_prompt"] == [tok.sot, tok.language_ids["en"], tok.transcribe, tok.no_timestamps]
+    assert canaries[-1][1]["decoder_prompt"] == [tok.sot] and canaries[-1][0]["sampling_params"]["_detect_language"]
+    # B's plugin took the canary's prompt, previous text and all.
+    body, verdict = next((body, v) for body, v in zip(reversed(b.requests), reversed(b.verdicts))
+                         if body["rid"].startswith("asr-canary-"))
+    assert body["input_ids"][0] == tok.sot_prev and verdict["decoder_prompt"] == body["input_ids"]
+
+
+@pytest.mark.parametrize("server", ["A", "B"])
+async def test_fused_detection_matches_the_embedded_engine(runtime, standins, server):
+    standin = standins["AB".index(server)]
+    tok = runtime.adapter.tok
+    tr = await admitted(runtime, standin.url)
     for lang, name in (("en", "quick_brown_fox"), ("fr", "bonjour_monde"), ("es", "hola_mundo")):
         audio = load_clip(lang, name)
-        sent_before = len(a.requests)
+        sent_before = len(standin.requests)
         result = await tr.transcribe(audio, TranscriptionOptions())
         local = await runtime.transcriber.transcribe(audio, TranscriptionOptions(vad_filter=False))
         assert result.language == lang and result.language_probability > 0.5, result
         assert result.text == local.text, (result.text, local.text)
-        body = a.requests[sent_before]
-        # One call per chunk: the private key that makes the prompt [<|startoftranscript|>], and
-        # the token-level constraint: any language token, then the task, then no timestamps.
-        assert body["sampling_params"]["_detect_language"] is True and body["stream"] is True
+        body, verdict = standin.requests[sent_before], standin.verdicts[sent_before]
+        # One call per chunk, whose decoder prompt (made by SGLang's processor) is
+        # [<|startoftranscript|>]; the token-level constraint: any language token, then the
+        # task, then no timestamps.
+        assert verdict["decoder_prompt"] == [tok.sot] and body["stream"] is True
+        assert ("_detect_language" in body["sampling_params"]) == (standin is standins[0])
         first, task, mode, text = _tag(body)
-        assert {e["token"] for e in first["elements"]} == set(runtime.adapter.tok.language_ids.values())
-        assert task == {"type": "token", "token": runtime.adapter.tok.transcribe}
-        assert mode == {"type": "token", "token": runtime.adapter.tok.no_timestamps}
+        assert {e["token"] for e in first["elements"]} == set(tok.language_ids.values())
+        assert task == {"type": "token", "token": tok.transcribe}
+        assert mode == {"type": "token", "token": tok.no_timestamps}
         assert text["type"] == "any_tokens" and set(runtime.adapter.grammars.suppress_ids) <= set(text["exclude_tokens"])
         # The audio arrives as it was sent (PCM16 WAV data URL).
         sent = sf.read(io.BytesIO(base64.b64decode(body["audio_data"].split(",", 1)[1])), dtype="float32")[0]
         assert np.abs(sent - audio[: sent.shape[0]]).max() < 1e-4 and sent.shape[0] == audio.shape[0]
 
 
-async def test_known_language_translate_and_timestamps_are_forced_by_the_constraint(runtime, standins):
-    a, _ = standins
+async def test_known_language_translate_and_timestamps_by_either_carrier(runtime, standins):
+    a, b = standins
     tok = runtime.adapter.tok
-    tr = remote(runtime, a.url)
     audio = load_clip("fr", "bonjour_monde")
-    before = len(a.requests)
-    result = await tr.transcribe(audio, TranscriptionOptions(language="fr", task="translate", timestamps=True))
-    body = a.requests[before]
-    # SGLang cannot take a prompt, so the prompt's tokens after <|startoftranscript|> are forced
-    # as the first generated ones, and stripped again from what the engine reports.
-    forced_language, forced_task, first_timestamp, text = _tag(body)
-    assert [forced_language, forced_task] == [{"type": "token", "token": tok.language_ids["fr"]},
-                                              {"type": "token", "token": tok.translate}]
-    # Whisper's rule, as a constraint: the text opens with a timestamp of at most 1.00 s.
-    assert [e["token"] for e in first_timestamp["elements"]] == list(range(tok.timestamp_begin, tok.timestamp_begin + 51))
-    assert text["type"] == "any_tokens"
-    assert result.task == "translate" and result.language == "fr" and result.text
-    assert result.segments and result.segments[0].start == 0.0 and result.segments[-1].end > 0.5
-    assert all(t < tok.eot for s in result.segments for t in s.tokens)
+    options = TranscriptionOptions(language="fr", task="translate", timestamps=True)
+    results = []
+    for standin in (a, b):
+        tr = await admitted(runtime, standin.url)
+        before = len(standin.requests)
+        results.append(await tr.transcribe(audio, options))
+        body, verdict = standin.requests[before], standin.verdicts[before]
+        if standin is a:
+            # The private key: the prompt's tokens after <|startoftranscript|> are forced as the
+            # first generated ones, and stripped again from what the engine reports.
+            assert verdict["decoder_prompt"] == [tok.sot]
+            forced_language, forced_task, first_timestamp, text = _tag(body)
+            assert [forced_language, forced_task] == [{"type": "token", "token": tok.language_ids["fr"]},
+                                                      {"type": "token", "token": tok.translate}]
+        else:  # the plugin: the whole prompt as input_ids, and SGLang's processor keeps it
+            assert verdict["decoder_prompt"] == body["input_ids"] == [tok.sot, tok.language_ids["fr"], tok.translate]
+            first_timestamp, text = _tag(body)
+        # Whisper's rule, as a constraint: the text opens with a timestamp of at most 1.00 s.
+        assert [e["token"] for e in first_timestamp["elements"]] == list(range(tok.timestamp_begin, tok.timestamp_begin + 51))
+        assert text["type"] == "any_tokens"
+    for result in results:
+        assert result.task == "translate" and result.language == "fr" and result.text
+        assert result.segments and result.segments[0].start == 0.0 and result.segments[-1].end > 0.5
+        assert all(t < tok.eot for s in result.segments for t in s.tokens)
+    assert results[0].text == results[1].text
+
+
+async def test_a_prompt_goes_to_a_server_with_the_plugin_only(runtime, standins):
+    a, b = standins
+    tok = runtime.adapter.tok
+    tr = await admitted(runtime, a.url, b.url)
+    a_before, b_before = len(a.requests), len(b.requests)
+    options = TranscriptionOptions(previous_text="Glossary: quick brown fox.")
+    assert tr.refusal(options) is None
+    for _ in range(3):  # least outstanding work would share these between A and B
+        result = await tr.transcribe(load_clip("en", "quick_brown_fox"), options)
+        assert "quick brown fox" in result.text.lower()
+    assert len(a.requests) == a_before and len(b.requests) == b_before + 3
+    assert all(v["decoder_prompt"][0] == tok.sot_prev and v["decoder_prompt"] == body["input_ids"]
+               for body, v in zip(b.requests[b_before:], b.verdicts[b_before:]))
+    # With A alone, nothing can carry it: refused before any work, naming the plugin.
+    only_a = await admitted(runtime, a.url)
+    problem = only_a.refusal(options)
+    assert isinstance(problem, UnsupportedDecode) and problem.param == "prompt" and "plugin" in str(problem)
 
 
 async def test_incremental_and_cumulative_events_give_the_same_tokens(runtime, standins):
@@ -110,7 +183,7 @@ async def test_incremental_and_cumulative_events_give_the_same_tokens(runtime, s
     params = runtime.transcriber.params_for(TranscriptionOptions())
     results = []
     for standin in (a, b):
-        engine = SGLangEngine([standin.url], runtime.adapter.tok.sot)
+        engine = engine_for(runtime, standin.url)
         stream = engine.submit(audio, params)
         events = [e.token_id async for e in stream]
         assert events == stream.result.token_ids and stream.result.finish_reason == "stop"
@@ -122,7 +195,7 @@ async def test_incremental_and_cumulative_events_give_the_same_tokens(runtime, s
 
 async def test_cancel_posts_abort_request_and_frees_the_decode(runtime, standins):
     a, _ = standins
-    engine = SGLangEngine([a.url], runtime.adapter.tok.sot)
+    engine = engine_for(runtime, a.url)
     audio = np.concatenate([load_clip("en", "quick_brown_fox"), load_clip("en", "counting")] * 2)
     stream = engine.submit(audio, runtime.transcriber.params_for(TranscriptionOptions()))
     got = 0
@@ -141,7 +214,7 @@ async def test_cancel_posts_abort_request_and_frees_the_decode(runtime, standins
 
 async def test_a_server_failing_before_output_is_retried_on_the_other(runtime, standins):
     a, b = standins
-    tr = remote(runtime, a.url, b.url)
+    tr = await admitted(runtime, a.url, b.url)
     a.faults.drop_before_output = 1
     b_before = len(b.requests)
     audio = load_clip("en", "hello_world")
@@ -151,12 +224,13 @@ async def test_a_server_failing_before_output_is_retried_on_the_other(runtime, s
     assert tr.engine.retried_total == 1 and len(b.requests) == b_before + 1
     state = {s["url"]: s for s in tr.engine.pool.snapshot()}
     assert state[a.url]["state"] == "down" and state[a.url]["failures"] == 1 and state[a.url]["last_error"]
-    assert state[b.url]["state"] == "up" and state[b.url]["completed"] == 1
+    assert state[a.url]["prompt_carrier"] is None  # checked again before it gets work
+    assert state[b.url]["state"] == "up" and state[b.url]["completed"] == 2  # its canary, then the decode
 
 
 async def test_a_server_failing_mid_decode_ends_the_sequence_unavailable_then_comes_back(runtime, standins):
     a, b = standins
-    tr = remote(runtime, a.url, b.url, retry_after_s=0.5)
+    tr = await admitted(runtime, a.url, b.url, retry_after_s=0.5)
     b.faults.drop_after_tokens = 4
     a.faults.drop_after_tokens = 4
     with pytest.raises(EngineUnavailable, match="failed after"):
@@ -165,9 +239,10 @@ async def test_a_server_failing_mid_decode_ends_the_sequence_unavailable_then_co
     assert tr.engine.retried_total == 0
     assert any(s["state"] == "down" for s in tr.engine.pool.snapshot())
     a.faults.drop_after_tokens = b.faults.drop_after_tokens = None
-    await asyncio.sleep(0.6)  # past the retry delay: the servers get work again
+    await asyncio.sleep(0.6)  # past the retry delay: the servers pass their canaries and get work again
     result = await tr.transcribe(load_clip("en", "hello_world"), TranscriptionOptions())
     assert result.language == "en" and "world" in result.text.lower()
+    assert all(s["state"] == "up" and s["prompt_carrier"] for s in tr.engine.pool.snapshot())
 
 
 async def test_no_server_reachable_is_unavailable_with_the_reason(runtime):
@@ -177,20 +252,36 @@ async def test_no_server_reachable_is_unavailable_with_the_reason(runtime):
     assert all(s["state"] == "down" for s in tr.engine.pool.snapshot())
 
 
-async def test_sglang_0_5_22_contract_refusal_is_reported_as_such(runtime):
-    newer = SGLangStandIn(runtime.engine, runtime.adapter.tok, contract=True).start()
+async def test_current_sglang_without_the_plugin_gets_no_traffic_and_says_why(runtime, sglang_judges):
+    newer = standin(runtime, sglang_judges, CURRENT)
     try:
         tr = remote(runtime, newer.url)
-        with pytest.raises(EngineUnavailable, match="0.5.21"):
+        with pytest.raises(EngineUnavailable, match="asr_whisper_prompt plugin"):
             await tr.transcribe(load_clip("en", "hello_world"), TranscriptionOptions())
-        assert "_detect_language" in tr.engine.pool.snapshot()[0]["last_error"]
+        error = tr.engine.pool.snapshot()[0]["last_error"]
+        # input_ids: SGLang's processor replaced the prompt (canary answered text); the private
+        # key: refused by the 0.5.23 contract gate (SGLang's own message).
+        assert "ignores the decoder prompt" in error and "unknown field `_detect_language`" in error, error
+        assert all(body["rid"].startswith("asr-canary-") for body in newer.requests)  # no real work was sent
     finally:
         newer.stop()
 
 
+async def test_a_router_that_drops_the_constraint_gets_no_traffic(runtime, sglang_judges):
+    """sglang-router / smg forward input_ids but their SamplingParams has no structural_tag."""
+    router = standin(runtime, sglang_judges, CURRENT, plugin=True, drops_constraint=True)
+    try:
+        tr = remote(runtime, router.url)
+        with pytest.raises(EngineUnavailable, match="does not apply the constraint"):
+            await tr.transcribe(load_clip("en", "hello_world"), TranscriptionOptions())
+        assert all(body["rid"].startswith("asr-canary-") for body in router.requests)
+    finally:
+        router.stop()
+
+
 async def test_a_request_the_server_refuses_is_an_error_not_a_dead_server(runtime, standins):
     a, _ = standins
-    engine = SGLangEngine([a.url], runtime.adapter.tok.sot)
+    engine = engine_for(runtime, a.url)
     params = runtime.transcriber.params_for(TranscriptionOptions(temperature=0.5))
     stream = engine.submit(load_clip("en", "hello_world"), replace(params, top_k=-5))  # SamplingParams.verify refuses
     await stream.collect()
@@ -199,32 +290,34 @@ async def test_a_request_the_server_refuses_is_an_error_not_a_dead_server(runtim
 
 
 def test_what_sglang_cannot_carry_is_refused_before_sending(runtime):
-    engine = SGLangEngine(["http://127.0.0.1:9"], runtime.adapter.tok.sot)
-    tr = Transcriber(engine, runtime.adapter, None)
-    for options, param in ((TranscriptionOptions(previous_text="Glossary: fox."), "prompt"),
-                           (TranscriptionOptions(hotwords="fox"), "prompt"),
-                           (TranscriptionOptions(condition_on_previous_text=True), "prompt"),
-                           (TranscriptionOptions(word_timestamps=True), "timestamp_granularities"),
+    tr = remote(runtime, "http://127.0.0.1:9")
+    for options, param in ((TranscriptionOptions(word_timestamps=True), "timestamp_granularities"),
                            (TranscriptionOptions(beam_size=4), "beam_size")):
         problem = tr.refusal(options)
         assert isinstance(problem, UnsupportedDecode) and problem.param == param, (options, problem)
     assert tr.refusal(TranscriptionOptions(language="de", timestamps=True, task="translate")) is None
 
 
-def test_the_standin_checks_requests_field_by_field(standins):
-    a, _ = standins
-    good = {"rid": "r1", "text": "", "audio_data": "data:audio/wav;base64," + base64.b64encode(wav_bytes(np.zeros(1600, np.float32))).decode(),
-            "sampling_params": {"_detect_language": True, "max_new_tokens": 2}, "stream": False}
+def test_the_standin_answers_what_sglangs_own_code_says(standins):
+    a, b = standins
+    audio = "data:audio/wav;base64," + base64.b64encode(wav_bytes(np.zeros(1600, np.float32))).decode()
+    good = {"rid": "r1", "text": "", "audio_data": audio, "stream": False,
+            "sampling_params": {"_detect_language": True, "max_new_tokens": 2}}
     assert httpx.post(a.url + "/generate", json=good, timeout=60).status_code == 200
     for change in ({"sampling_params": {"_detect_language": True, "max_tokens": 2}},  # not a SamplingParams field
                    {"sampling_params": {"temperature": -1}},
                    {"sampling_params": {"regex": ".*", "structural_tag": "{}"}},
-                   {"audio": "x"},  # not a GenerateReqInput field
-                   {"audio_data": "aGVsbG8="},  # not a data URL
-                   {"stream": "yes"},
+                   {"sampling_params": {"language": "xx"}},  # SGLang's processor: not a language
+                   {"audio_data": "aGVsbG8="},  # not audio
                    {"text": None}):  # neither text nor input_ids: SGLang's GenerateReqInput refuses it
         r = httpx.post(a.url + "/generate", json={**good, **change}, timeout=60)
-        assert r.status_code == 400 and r.json()["error"]["message"], (change, r.text)
+        verdict = a.verdicts[-1]
+        said = verdict["request_error"] or verdict["processor_error"] or verdict["sampling_error"]
+        assert r.status_code == 400 and said and r.json()["error"]["message"] == said, (change, r.text)
+    # 0.5.23's contract gate, with its own message.
+    r = httpx.post(b.url + "/generate", json=good, timeout=60)
+    assert r.status_code == 400 and r.json()["error"] == b.verdicts[-1]["contract_error"]
+    assert "unknown field `_detect_language`" in r.json()["error"]
 
 
 # ---- a live front: asr-service serve --engine sglang ----
@@ -242,9 +335,12 @@ def test_front_warms_every_backend_and_reports_them(front, standins):
     assert health["status"] == "ok" and health["engine"] == "sglang"
     assert [b["url"] for b in health["backends"]] == [s.url for s in standins]
     assert all(b["state"] == "up" and b["completed"] >= 8 for b in health["backends"])  # 8 warm variants each
+    # Each passed its canary before the warm decodes: A by the private key, B as input_ids.
+    assert [b["prompt_carrier"] for b in health["backends"]] == ["detect_key", "input_ids"]
     metrics = httpx.get(front.url + "/metrics").text
-    for s in standins:
+    for s, carrier in zip(standins, ("detect_key", "input_ids")):
         assert f'asr_backend_up{{url="{s.url}"}} 1.0' in metrics
+        assert f'asr_backend_info{{prompt_carrier="{carrier}",state="up",url="{s.url}"}} 1.0' in metrics
 
 
 def test_front_sdk_fused_detection_and_verbose_json(front):
@@ -321,10 +417,16 @@ def test_front_keeps_serving_when_one_backend_fails_mid_request(front, standins)
     assert 'asr_backend_up{url="%s"} 0.0' % a.url in httpx.get(front.url + "/metrics").text
 
 
-def test_front_refuses_what_sglang_cannot_carry_and_reports_dead_backends(front, standins):
+def test_front_sends_a_prompt_to_the_server_with_the_plugin_and_reports_dead_backends(front, standins):
+    a, b = standins
     files = {"file": ("hello.wav", clip_path("en", "hello_world").read_bytes(), "audio/wav")}
+    b_before = len(b.requests)
     r = httpx.post(front.url + "/v1/audio/transcriptions", data={"prompt": "Glossary: world."}, files=files, timeout=60)
-    assert_openai_error(r, 400, param="prompt", code="unsupported_by_engine")
+    assert r.status_code == 200 and "world" in r.json()["text"].lower()
+    assert b.requests[b_before]["input_ids"][0] == b.verdicts[b_before]["decoder_prompt"][0]  # <|startofprev|>
+    r = httpx.post(front.url + "/v1/audio/transcriptions", data={"timestamp_granularities[]": "word",
+                                                                 "response_format": "verbose_json"}, files=files, timeout=60)
+    assert_openai_error(r, 400, param="timestamp_granularities", code="unsupported_by_engine")
     for s in standins:
         s.faults.drop_after_tokens = 2
     r = httpx.post(front.url + "/v1/audio/transcriptions", data={"temperature_fallback": "false"}, files=files,
@@ -337,7 +439,8 @@ def test_fused_timestamps_constraint_opens_with_an_early_timestamp(runtime):
     from asr_service.engine.sglang.wire import constraint
 
     tok = runtime.adapter.tok
-    elements = json.loads(constraint(runtime.transcriber.params_for(TranscriptionOptions(timestamps=True))))["format"]["elements"]
+    params = runtime.transcriber.params_for(TranscriptionOptions(timestamps=True))
+    elements = json.loads(constraint(params, Carrier.DETECT_KEY))["format"]["elements"]
     languages, task, first_timestamp, text = elements
     assert len(languages["elements"]) == len(tok.language_ids) and task == {"type": "token", "token": tok.transcribe}
     assert [e["token"] for e in first_timestamp["elements"]] == list(range(tok.timestamp_begin, tok.timestamp_begin + 51))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,6 +67,16 @@ class SequenceResult:
     # engine had no server that could finish it)
     finish_reason: str = ""
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class CanaryDecode:
+    """A decode that proves a remote engine applies both the prompt and the constraint it is
+    sent: ``failure`` reads the output ids and says what the server did not apply (None: it
+    applied both). The adapter builds it; remote engines run it before a server gets traffic."""
+
+    params: DecodeParams
+    failure: Callable[[list[int]], str | None]
 
 
 class UnsupportedDecode(ValueError):

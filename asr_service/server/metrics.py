@@ -92,6 +92,10 @@ def _backend_families(backends: list[dict]):
         return
     families = {
         "up": GaugeMetricFamily("asr_backend_up", "1 when the SGLang backend takes work, 0 while it is out", labels=["url"]),
+        "info": GaugeMetricFamily("asr_backend_info", "The SGLang backend's state (up, down, unchecked: not yet "
+                                  "through its canary) and how it is sent prompts (input_ids: the plugin; "
+                                  "detect_key: SGLang's private key; none until admitted)",
+                                  labels=["url", "state", "prompt_carrier"]),
         "outstanding": GaugeMetricFamily("asr_backend_outstanding", "Decodes sent to the backend and not finished",
                                          labels=["url"]),
         "completed": CounterMetricFamily("asr_backend_completed", "Decodes the backend finished", labels=["url"]),
@@ -100,6 +104,7 @@ def _backend_families(backends: list[dict]):
     }
     for b in backends:
         families["up"].add_metric([b["url"]], 1 if b["state"] == "up" else 0)
+        families["info"].add_metric([b["url"], b["state"], b["prompt_carrier"] or "none"], 1)
         for name in ("outstanding", "completed", "failures"):
             families[name].add_metric([b["url"]], b[name])
     yield from families.values()

@@ -7,6 +7,13 @@ a speculative decode dropped) closes the call and posts ``/abort_request`` with 
 server frees the sequence at once. A server that fails before any token reached the caller has
 its sequence retried on another; after that the sequence ends ``unavailable`` (a stream cannot
 take text back). The batching itself happens inside SGLang.
+
+Admission: before a server gets its first decode, and again after each failure, it must pass
+the adapter's canary decodes (CanaryDecode), tried with each way of carrying the prompt, best
+first (``wire.Carrier``): the first that passes is how that server is sent prompts from then on.
+A server that passes none (SGLang 0.5.22+ without the plugin, a router that drops the
+constraint, a server that refuses the body) is down with that reason in /health, /metrics and
+the log, and gets no traffic; it is checked again when its retry time comes.
 """
 
 from __future__ import annotations
@@ -20,27 +27,37 @@ import httpx
 import numpy as np
 
 from ..interface import EngineFigures
-from ..params import DecodeParams, StepEvent, UnsupportedDecode
+from ..params import CanaryDecode, DecodeParams, StepEvent, UnsupportedDecode
 from ..stream import SequenceStream
 from . import wire
 from .backends import Backend, BackendPool
+from .wire import Carrier
 
 log = logging.getLogger(__name__)
 
 ABORT_TIMEOUT_S = 5.0
+CANARY_AUDIO = np.zeros(16000, np.float32)  # 1 s of silence
 
 
 class BackendFailure(Exception):
     """The server failed (transport error, 5xx, stream cut short): try another."""
 
 
+class ContractRefusal(BackendFailure):
+    """The server's /generate contract refuses the private prompt key (SGLang 0.5.22+)."""
+
+
 class SGLangEngine:
     name = "sglang"
 
-    def __init__(self, urls: list[str], decoder_start_id: int, connect_timeout_s: float = 5.0,
-                 read_timeout_s: float = 120.0, retry_after_s: float = 2.0):
+    def __init__(self, urls: list[str], decoder_start_id: int, canaries: dict[Carrier, CanaryDecode],
+                 connect_timeout_s: float = 5.0, read_timeout_s: float = 120.0, retry_after_s: float = 2.0):
+        """``canaries``: the canary decode for each carrier (the one for DETECT_KEY cannot hold
+        text before <|startoftranscript|>; the one for INPUT_IDS should, to prove it is carried)."""
         self.pool = BackendPool(list(urls), retry_after=retry_after_s)
         self.decoder_start_id = decoder_start_id
+        self.canaries = {carrier: canaries[carrier] for carrier in Carrier}
+        self._admissions: dict[str, asyncio.Task] = {}  # url -> the canary run in progress
         self._timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=30.0, pool=None)
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
@@ -62,7 +79,15 @@ class SGLangEngine:
                              tokens=self.tokens_total, backends=self.pool.snapshot())
 
     def refusal(self, params: DecodeParams) -> UnsupportedDecode | None:
-        return wire.refusal(params, self.decoder_start_id)
+        problem = wire.refusal(params)
+        if problem is None:
+            admitted = self.pool.carriers()
+            if admitted and not admitted & self._carriers_for(params):
+                return UnsupportedDecode(wire.PROMPT_NEEDS_PLUGIN, "prompt")
+        return problem
+
+    def _carriers_for(self, params: DecodeParams) -> frozenset[Carrier]:
+        return frozenset(c for c in Carrier if wire.carries(c, params, self.decoder_start_id))
 
     def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
         problem = self.refusal(params)
@@ -101,20 +126,22 @@ class SGLangEngine:
         return self._client
 
     async def _run(self, audio: np.ndarray, params: DecodeParams, stream: SequenceStream) -> None:
-        body = wire.generate_body("", audio, params)
+        carriers = self._carriers_for(params)
         tried: set[str] = set()
         self._active += 1
         try:
             while True:
-                backend = self.pool.pick(tried)
+                await self._admit_due(tried, carriers)
+                backend = self.pool.pick(tried, carriers)
                 if backend is None:
-                    why = self.pool.unavailable_reason()
+                    why = self.pool.unavailable_reason(carriers)
                     return self._finish(stream, "unavailable", why if not tried else f"every SGLang backend failed: {why}")
                 tried.add(backend.url)
-                body["rid"] = f"asr-{uuid.uuid4().hex}"
+                body = wire.generate_body(f"asr-{uuid.uuid4().hex}", audio, params, backend.carrier)
                 backend.outstanding += 1
                 try:
-                    reason, error = await self._generate(backend, body, params, stream)
+                    reason, error = await self._generate(backend, body, params, stream,
+                                                         wire.forced_tokens(params, backend.carrier))
                 except asyncio.CancelledError:
                     self._abort(backend, body["rid"])
                     self._finish(stream, "cancelled")
@@ -137,9 +164,65 @@ class SGLangEngine:
         finally:
             self._active -= 1
 
-    async def _generate(self, backend: Backend, body: dict, params: DecodeParams,
-                        stream: SequenceStream) -> tuple[str, str | None]:
-        forced = list(params.prompt_ids[1:])
+    # ---- admission ----
+    async def admit(self) -> None:
+        """Check every server due for admission now, and wait for the verdicts."""
+        runs = self._start_admissions()
+        if runs:
+            await asyncio.shield(asyncio.gather(*runs))
+
+    async def _admit_due(self, exclude: set[str], carriers: frozenset[Carrier]) -> None:
+        """Start the canaries of every server due for admission; wait for them only when no
+        admitted server can take this decode (a server that hangs in its canary holds up no
+        decode another can take)."""
+        runs = self._start_admissions()
+        if runs and not self.pool.live(exclude, carriers):
+            # A decode cancelled while it waits leaves the admissions running for the others.
+            await asyncio.shield(asyncio.gather(*runs))
+
+    def _start_admissions(self) -> list[asyncio.Task]:
+        """The canary run of each server due for admission: at most one per server at a time,
+        shared by whoever waits for it."""
+        loop = asyncio.get_running_loop()
+        runs = []
+        for backend in self.pool.due_for_admission():
+            run = self._admissions.get(backend.url)
+            if run is None or run.done() or run.get_loop() is not loop:
+                run = loop.create_task(self._admit(backend))
+                self._admissions[backend.url] = run
+                self._keep(run)
+            runs.append(run)
+        return runs
+
+    async def _admit(self, backend: Backend) -> None:
+        failures = []
+        for carrier, canary in self.canaries.items():
+            stream = SequenceStream(asyncio.get_running_loop())
+            body = wire.generate_body(f"asr-canary-{uuid.uuid4().hex}", CANARY_AUDIO, canary.params, carrier)
+            try:
+                reason, error = await self._generate(backend, body, canary.params, stream,
+                                                     wire.forced_tokens(canary.params, carrier))
+                failure = error or canary.failure(stream.result.token_ids)
+            except wire.GenerateError as e:
+                failure = f"it refused the canary decode: {e}"
+            except ContractRefusal as e:
+                failure = str(e)
+            except BackendFailure as e:
+                self.pool.failed(backend, str(e))
+                log.warning("SGLang backend %s failed: %s", backend.url, e)
+                return
+            if failure is None:
+                self.pool.admitted(backend, carrier)
+                log.info("SGLang backend %s admitted: the prompt goes as %s", backend.url, carrier.value)
+                return
+            failures.append(f"with the prompt as {carrier.value}, {failure}")
+        why = "the canary decode failed: " + "; ".join(failures)
+        self.pool.failed(backend, why)
+        log.warning("SGLang backend %s gets no traffic: %s", backend.url, why)
+
+    # ---- one call ----
+    async def _generate(self, backend: Backend, body: dict, params: DecodeParams, stream: SequenceStream,
+                        forced: tuple[int, ...]) -> tuple[str, str | None]:
         state = wire.StreamState()
         result = stream.result
         try:
@@ -148,7 +231,7 @@ class SGLangEngine:
                     text = (await response.aread()).decode("utf-8", "replace")
                     refusal = wire.contract_refusal(response.status_code, text)
                     if refusal is not None:
-                        raise BackendFailure(refusal)
+                        raise ContractRefusal(refusal)
                     if 400 <= response.status_code < 500:
                         raise wire.GenerateError(f"HTTP {response.status_code}: {text[:500]}")
                     raise BackendFailure(f"HTTP {response.status_code}: {text[:200]}")

@@ -1,15 +1,22 @@
-"""SGLang's native ``/generate`` wire format for Whisper, as read from SGLang's source (0.5.21).
+"""SGLang's native ``/generate`` wire format for Whisper, as read from SGLang's source (0.5.21-0.5.23)
+and checked with its own request code (tests/test_sglang_contract.py).
 
-How SGLang builds a Whisper decode (``srt/multimodal/processors/whisper.py``): the decoder
-prompt is never taken from the request's ``text`` or ``input_ids``, though one of them must be
-there (``GenerateReqInput`` refuses a body without; SGLang's own endpoint sends ``text: ""``). The processor replaces them
-with ``[<|startoftranscript|>]`` when ``sampling_params`` holds the private key
-``_detect_language`` (it pops it before the rest becomes ``SamplingParams``), and otherwise with
-``<|sot|><|lang|><|transcribe|><|notimestamps or 0.00|>``, the language from a ``language`` key
-(English when absent). So the one prompt that carries every variant (any language, translate,
-timestamps) is ``[<|startoftranscript|>]`` plus a constraint that forces the rest: every request
-here sends ``_detect_language`` and puts the prompt's remaining tokens into the constraint as
-``token`` elements, which the engine strips from the output again.
+How SGLang builds a Whisper decode (``srt/multimodal/processors/whisper.py``): its processor
+makes the decoder prompt itself and replaces the request's ``text`` / ``input_ids`` with it:
+``[<|startoftranscript|>]`` when ``sampling_params`` holds the private key ``_detect_language``,
+otherwise ``<|sot|><|lang|><|transcribe|><|notimestamps or 0.00|>`` (English when no ``language``
+key). ``GenerateReqInput`` still needs one of ``text`` / ``input_ids``. So there are two ways to
+carry this project's prompts, and each backend is checked for which one it honours (``Carrier``):
+
+- ``input_ids``: the whole prompt (previous text, language, task, timestamps) as ``input_ids``.
+  Needs the asr_whisper_prompt plugin (sglang-plugin/ in this repository) on the SGLang host,
+  whose processor takes the prompt from there; works with every release that loads plugins
+  (0.5.21-0.5.23 read ``SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE``).
+- ``detect_key``: ``text: ""`` and ``_detect_language``, so the prompt is
+  ``[<|startoftranscript|>]``, and the prompt's remaining tokens forced first by the constraint
+  (``token`` elements), then stripped from the output again. No previous text can be carried.
+  SGLang 0.5.11-0.5.21 without the plugin; 0.5.22 and later refuse the key on ``/generate`` (a
+  JSON contract check rejects unknown ``sampling_params`` keys with HTTP 400 "unknown field").
 
 The constraint is a ``structural_tag`` (xgrammar's JSON format; SGLang hands the string to
 ``GrammarCompiler.compile_structural_tag``): the strictest form SGLang accepts, because it works
@@ -18,10 +25,6 @@ tokens, and special tokens could slip into the text. It is the adapter's own con
 keeps the suppressed non-speech tokens out of the text and opens timestamped text with a
 timestamp of at most 1 s. SGLang applies no logit rules, so Whisper's others are missing (no
 blank first token; paired timestamps that never go back); the adapter parses fail-strict.
-
-SGLang 0.5.22 and later refuse ``_detect_language`` on ``/generate``: a JSON contract check
-(``sglang/api/v1``) rejects unknown ``sampling_params`` keys with HTTP 400 "unknown field".
-``contract_refusal`` recognises that answer so it can be reported as what it is.
 
 Responses: with ``"stream": true`` each event is ``data: {json}`` and the stream ends with
 ``data: [DONE]``. An event holds ``output_ids`` and ``meta_info`` (``id``, ``finish_reason``:
@@ -43,6 +46,7 @@ import json
 import math
 import wave
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -52,12 +56,26 @@ from ..params import DecodeParams, UnsupportedDecode
 DETECT_LANGUAGE_KEY = "_detect_language"  # SGLang's FUSED_AUTODETECT_FLAG
 
 
-def refusal(params: DecodeParams, decoder_start_id: int) -> UnsupportedDecode | None:
-    """Why this decode cannot go to SGLang, or None."""
-    if not params.prompt_ids or params.prompt_ids[0] != decoder_start_id:
-        return UnsupportedDecode("a prompt (previous text or hotwords) cannot be sent to SGLang: its Whisper "
-                                 "processor builds the decoder prompt itself and drops any text before "
-                                 "<|startoftranscript|>", "prompt")
+class Carrier(str, Enum):
+    """How a backend is sent the decoder prompt (see the module's docstring), best first."""
+
+    INPUT_IDS = "input_ids"
+    DETECT_KEY = "detect_key"
+
+
+def carries(carrier: Carrier, params: DecodeParams, decoder_start_id: int) -> bool:
+    """Whether ``carrier`` can send ``params``' prompt: only ``input_ids`` carries text before
+    <|startoftranscript|> (previous text, hotwords)."""
+    return carrier is Carrier.INPUT_IDS or (bool(params.prompt_ids) and params.prompt_ids[0] == decoder_start_id)
+
+
+PROMPT_NEEDS_PLUGIN = ("a prompt (previous text or hotwords) needs the asr_whisper_prompt plugin on the SGLang "
+                       "servers (docs/scaling-out.md): SGLang's own Whisper processor builds the decoder prompt "
+                       "itself and drops any text before <|startoftranscript|>")
+
+
+def refusal(params: DecodeParams) -> UnsupportedDecode | None:
+    """Why this decode cannot go to any SGLang server, or None."""
     if params.alignment_heads:
         return UnsupportedDecode("word timestamps need the decoder's cross-attention, which SGLang does not "
                                  "return", "timestamp_granularities")
@@ -78,24 +96,28 @@ def wav_data_url(samples: np.ndarray) -> str:
     return "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def constraint(params: DecodeParams) -> str:
-    """The structural tag to send: the prompt's tokens after <|startoftranscript|> forced first,
-    then the adapter's own constraint (which already carries Whisper's rules that a constraint
-    can say: see adapters/whisper_grammar.py)."""
-    forced = [{"type": "token", "token": t} for t in params.prompt_ids[1:]]
+def forced_tokens(params: DecodeParams, carrier: Carrier) -> tuple[int, ...]:
+    """The prompt tokens the constraint forces at the start of the output (and the engine strips)."""
+    return params.prompt_ids[1:] if carrier is Carrier.DETECT_KEY else ()
+
+
+def constraint(params: DecodeParams, carrier: Carrier) -> str:
+    """The structural tag to send: the forced prompt tokens first, then the adapter's own
+    constraint (which already carries Whisper's rules that a constraint can say: see
+    adapters/whisper_grammar.py)."""
+    forced = [{"type": "token", "token": t} for t in forced_tokens(params, carrier)]
     rest = list(params.constraint.elements) if params.constraint is not None else [{"type": "any_tokens", "exclude_tokens": []}]
     return json.dumps({"type": "structural_tag", "format": {"type": "sequence", "elements": forced + rest}},
                       separators=(",", ":"))
 
 
-def generate_body(rid: str, samples: np.ndarray, params: DecodeParams) -> dict:
+def generate_body(rid: str, samples: np.ndarray, params: DecodeParams, carrier: Carrier) -> dict:
     """The /generate request for one sequence over one audio window (always streamed)."""
-    forced = len(params.prompt_ids) - 1
+    forced = len(forced_tokens(params, carrier))
     sampling = {
-        DETECT_LANGUAGE_KEY: True,
         "max_new_tokens": params.max_new_tokens + forced,
         "temperature": params.temperature,
-        "structural_tag": constraint(params),
+        "structural_tag": constraint(params, carrier),
         # The text field is not used (the adapter parses token ids), but keep it faithful.
         "skip_special_tokens": False,
         "spaces_between_special_tokens": False,
@@ -107,11 +129,15 @@ def generate_body(rid: str, samples: np.ndarray, params: DecodeParams) -> dict:
             sampling["top_p"] = params.top_p
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed
-    body = {
-        "rid": rid,
+    body = {"rid": rid}
+    if carrier is Carrier.INPUT_IDS:
+        body["input_ids"] = list(params.prompt_ids)
+    else:
+        sampling[DETECT_LANGUAGE_KEY] = True
         # SGLang's request class refuses a body with no text, input_ids or input_embeds; its own
         # transcription endpoint sends an empty text, which its Whisper processor then replaces.
-        "text": "",
+        body["text"] = ""
+    body |= {
         "audio_data": wav_data_url(samples),
         "modalities": ["audio"],
         "sampling_params": sampling,
@@ -127,8 +153,9 @@ def contract_refusal(status: int, text: str) -> str | None:
     """SGLang >= 0.5.22's answer to the private key, explained; None for any other answer."""
     if status == 400 and DETECT_LANGUAGE_KEY in text and "unknown field" in text:
         return ("this SGLang server refuses the Whisper prompt key `_detect_language` on /generate (SGLang 0.5.22 "
-                "and later check sampling_params against a fixed schema); run SGLang 0.5.11 to 0.5.21 "
-                f"(see docs/scaling-out.md). Server said: {text[:300]}")
+                "and later check sampling_params against a fixed schema) and does not read the prompt from "
+                "input_ids: install the asr_whisper_prompt plugin on it (see docs/scaling-out.md). "
+                f"Server said: {text[:300]}")
     return None
 
 
