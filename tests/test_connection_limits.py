@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from asr_service.server.connections import (ACCEPT_OUT_OF_FILES, BASE_RESERVED_FILES, DEFAULT_MAX_CONNECTIONS,
+from asr_service.server.connections import (ACCEPT_BURSTS_IN_FLIGHT, ACCEPT_OUT_OF_FILES, BASE_RESERVED_FILES,
+                                            DEFAULT_MAX_CONNECTIONS,
                                             MAX_BACKLOG, MAX_LINGERING, MIN_BACKLOG, ConnectionPlan,
                                             RateLimitedLog, plan_connections, quiet_accept_errors)
 
@@ -18,19 +19,21 @@ RESERVED = BASE_RESERVED_FILES + MAX_LINGERING + 64  # one file for each of 64 p
 
 def test_the_default_cap_fits_in_the_open_files_limit():
     assert plan_connections(None, 1, 64, 1_048_576) == ConnectionPlan(DEFAULT_MAX_CONNECTIONS, MAX_BACKLOG)
-    for open_files in (1024, 512, 300):
+    for open_files in (1024, 512, 440):
         plan = plan_connections(None, 1, 64, open_files)
         assert plan.max_connections >= 1 and plan.backlog >= MIN_BACKLOG
-        # every connection, one burst of accepts and the reserve fit: accept() cannot run out of files
-        assert RESERVED + plan.max_connections + plan.backlog <= open_files, (open_files, plan)
+        # every connection, the accepts in flight and the reserve fit: accept() cannot run out of files
+        in_flight = ACCEPT_BURSTS_IN_FLIGHT * plan.backlog
+        assert RESERVED + plan.max_connections + in_flight <= open_files, (open_files, plan)
     with pytest.raises(ValueError, match="ulimit -n"):
-        plan_connections(None, 1, 64, RESERVED + MIN_BACKLOG)
+        plan_connections(None, 1, 64, RESERVED + ACCEPT_BURSTS_IN_FLIGHT * MIN_BACKLOG)
 
 
 def test_an_asked_for_cap_is_kept_or_refused_with_the_reason():
     assert plan_connections(500, 1, 64, 1_048_576) == ConnectionPlan(500, MAX_BACKLOG)
-    assert plan_connections(500, 1, 64, RESERVED + 600) == ConnectionPlan(500, 100)  # a smaller burst of accepts
-    with pytest.raises(ValueError, match=f"at most {1024 - RESERVED - MIN_BACKLOG} connections fit"):
+    assert plan_connections(500, 1, 64, RESERVED + 800) == ConnectionPlan(500, 100)  # a smaller burst of accepts
+    in_flight = ACCEPT_BURSTS_IN_FLIGHT * MIN_BACKLOG
+    with pytest.raises(ValueError, match=f"at most {1024 - RESERVED - in_flight} connections fit"):
         plan_connections(5000, 1, 64, 1024)
     with pytest.raises(ValueError):
         plan_connections(0, 1, 64, 1_048_576)

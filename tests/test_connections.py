@@ -22,7 +22,7 @@ pytestmark = pytest.mark.server
 HEADER_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0
 KEEP_ALIVE = 1.0
-OPEN_FILES = 300  # the server's limit: its cap is then 76 connections
+OPEN_FILES = 440  # the server's limit: its cap is then 88 connections
 
 
 @pytest.fixture(scope="module")

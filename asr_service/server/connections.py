@@ -42,6 +42,11 @@ MAX_LINGERING = 64  # refused connections given time to read their answer; past 
 LINGER_SECONDS = 1.0  # after a refusal: time for the client to read it before the socket closes
 DRAIN_SECONDS = 30.0  # after an early answer: the longest the rest of the body is read and dropped
 LOG_EVERY_SECONDS = 10.0
+# asyncio accepts up to ``backlog`` sockets per loop iteration (selector_events._accept_connection),
+# and each holds its file while its connection task waits for the next iteration and, refused past
+# the lingering bound, one more for its deferred close; meanwhile the next bursts are accepted.
+# Under a flood up to three bursts hold files at once.
+ACCEPT_BURSTS_IN_FLIGHT = 3
 
 
 @dataclass(frozen=True)
@@ -77,19 +82,21 @@ def plan_connections(requested: int | None, files_per_request: int, max_pending_
                      open_files: int) -> ConnectionPlan:
     """How many connections may be open at once, and the accept backlog: what was asked for, if
     the file limit leaves room for it beside the server's own files, the admitted requests'
-    uploads, the refusals still lingering and one burst of accepts."""
+    uploads, the refusals still lingering and the bursts of accepts in flight."""
     reserved = BASE_RESERVED_FILES + MAX_LINGERING + files_per_request * max_pending_requests
     room = open_files - reserved
     if requested is None:
-        backlog = min(MAX_BACKLOG, max(MIN_BACKLOG, room // 4))
-        if room - backlog < 1:
-            raise ValueError(f"the process may open only {open_files} files, and {reserved + backlog} are "
+        backlog = min(MAX_BACKLOG, max(MIN_BACKLOG, room // (4 * ACCEPT_BURSTS_IN_FLIGHT)))
+        accepting = ACCEPT_BURSTS_IN_FLIGHT * backlog
+        if room - accepting < 1:
+            raise ValueError(f"the process may open only {open_files} files, and {reserved + accepting} are "
                              f"reserved; raise the limit (ulimit -n) or lower --max-pending-requests")
-        return ConnectionPlan(min(DEFAULT_MAX_CONNECTIONS, room - backlog), backlog)
-    backlog = min(MAX_BACKLOG, room - requested)
+        return ConnectionPlan(min(DEFAULT_MAX_CONNECTIONS, room - accepting), backlog)
+    backlog = min(MAX_BACKLOG, (room - requested) // ACCEPT_BURSTS_IN_FLIGHT)
     if requested < 1 or backlog < MIN_BACKLOG:
+        accepting = ACCEPT_BURSTS_IN_FLIGHT * MIN_BACKLOG
         raise ValueError(f"--max-connections {requested}: the process may open {open_files} files, of which "
-                         f"{reserved + MIN_BACKLOG} are reserved, so at most {max(room - MIN_BACKLOG, 0)} "
+                         f"{reserved + accepting} are reserved, so at most {max(room - accepting, 0)} "
                          f"connections fit; raise the limit (ulimit -n) or ask for fewer")
     return ConnectionPlan(requested, backlog)
 
