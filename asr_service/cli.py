@@ -19,6 +19,7 @@ from .runtime import DEVICES, ENGINES, QUANTIZATIONS, RuntimeSettings
 from .server.admission import AdmissionLimits
 from .server.auth import ENV_VAR, keys_from
 from .server.connections import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
+from .server.request_form import STREAM_FORMATS
 
 
 QUANTIZE_HELP = ("int8: dynamic int8 linear layers (fastest on CPU); bf16: encoder matrix products in bfloat16 "
@@ -110,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_engine_args(s)
     s.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest upload in bytes")
     s.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
+    s.add_argument("--default-stream-format", choices=STREAM_FORMATS, default="openai",
+                   help="what stream=true sends when a request names no stream_format: openai (transcript.text.* "
+                        "events, the OpenAI SDK) or chunk (choices[0].delta.content, as vLLM and SGLang send)")
     s.add_argument("--detection-mode", choices=("fused", "two-stage"), default="fused",
                    help="two-stage (separate detection decode) is a baseline for bench/ only")
     s.add_argument("--max-realtime-sessions", type=int, default=RealtimeLimits.max_sessions,
@@ -143,12 +147,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _serve(args) -> int:
-    from .server.runner import connection_plan_for, serve
+def _server_settings(args):
     from .server.state import ServerSettings
 
-    settings = ServerSettings(
+    return ServerSettings(
         runtime=_runtime_settings(args), served_model_name=args.served_model_name, detection=args.detection_mode,
+        default_stream_format=args.default_stream_format,
         limits=AudioLimits(args.max_bytes, args.max_seconds),
         realtime=RealtimeLimits(max_sessions=args.max_realtime_sessions, idle_timeout_s=args.realtime_idle_timeout,
                                 max_buffer_seconds=args.realtime_max_buffer_seconds,
@@ -158,6 +162,12 @@ def _serve(args) -> int:
         connections=ConnectionLimits(max_connections=args.max_connections, header_timeout_s=args.header_timeout,
                                      keep_alive_s=args.keep_alive_timeout, body_timeout_s=args.body_timeout),
     )
+
+
+def _serve(args) -> int:
+    from .server.runner import connection_plan_for, serve
+
+    settings = _server_settings(args)
     try:
         plan = connection_plan_for(settings)
     except ValueError as e:  # a cap the open-files limit cannot hold: said before anything starts

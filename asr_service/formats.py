@@ -35,7 +35,10 @@ def to_verbose_json(result: TranscriptionResult) -> dict:
     segments = [asdict(s) for s in result.segments]
     body = {
         "task": result.task,
-        "language": result.language,
+        # A translation's language is the output's, as OpenAI's SDK types it (always English);
+        # the language heard is kept as source_language.
+        "language": "english" if result.task == "translate" else result.language,
+        **({"source_language": result.language} if result.task == "translate" else {}),
         "language_probability": result.language_probability,
         "duration": result.duration,
         "text": result.text,

@@ -85,8 +85,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("temperature", float, "0: greedy (with fallback); above: sampling", 0.0, 1.0),
     Option("top_k", int, "sampling: keep the k most likely tokens (0 or -1: off)", -1, 100000),
     Option("top_p", float, "sampling: keep the smallest set of tokens with this much probability", 0.0, 1.0),
+    Option("min_p", float, "sampling: drop tokens less likely than min_p x the most likely one", 0.0, 1.0),
     Option("seed", int, "sampling seed", 0, 2**63 - 1),
-    Option("max_completion_tokens", int, "tokens per 30 s window at most", 1, 100000),
+    # vLLM's penalties, on every decode (greedy included), as vLLM applies them.
+    Option("repetition_penalty", float, "above 1: tokens already in the prompt or text are less likely", 0.01, 10.0),
+    Option("frequency_penalty", float, "subtracted from a token's logit once per time it is in the text", -2.0, 2.0),
+    Option("presence_penalty", float, "subtracted from the logit of every token already in the text", -2.0, 2.0),
+    # No upper bound: vLLM clients send 1e6 and expect the model's own limit to apply (clamped
+    # per window in Transcriber.params_for).
+    Option("max_completion_tokens", int, "text tokens per 30 s window at most (above the model's limit: that limit)",
+           1, None),
     Option("temperature_fallback", bool, "decode a window again hotter when it fails the thresholds (default true)"),
     Option("compression_ratio_threshold", float, "above: a repetition loop (default 2.4)", 0.0, 1000.0),
     Option("log_prob_threshold", float, "average log-probability below: unreliable (default -1.0)", -1000.0, 0.0),
@@ -101,7 +109,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("n", int, "beams with use_beam_search (default 5)", 1, 8),
     Option("length_penalty", float, "beam ranking: ((5 + length) / 6) ** penalty (default: divide by length)",
            0.0, 10.0),
-    Option("timestamp_granularities", list, "segment and/or word (word: verbose_json only)"),
+    Option("timestamp_granularities", list, "segment (any format) and/or word (verbose_json only)"),
 )
 
 
@@ -132,9 +140,11 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         if g not in ("segment", "word"):
             raise OptionError("timestamp_granularities", f"Unknown timestamp granularity {g!r}; use 'segment' or 'word'")
     word_timestamps = "word" in granularities
-    if granularities and response_format != "verbose_json":
-        raise OptionError("timestamp_granularities", "timestamp_granularities needs response_format 'verbose_json'",
-                          code="unsupported_value")
+    # OpenAI's rule: "segment" is what every format gives anyway (json and text too, and
+    # streams: SGLang's clients send it there); "word" needs verbose_json, the one format with words.
+    if word_timestamps and response_format != "verbose_json":
+        raise OptionError("timestamp_granularities", "timestamp_granularities 'word' needs response_format "
+                                                     "'verbose_json'", code="unsupported_value")
     if word_timestamps and not adapter.supports_word_timestamps:
         raise OptionError("timestamp_granularities", "This model cannot time words; use 'segment'",
                           code="unsupported_value")
@@ -158,7 +168,11 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         temperature=given("temperature", 0.0),
         top_k=top_k if top_k and top_k > 0 else None,  # vLLM's -1 (or 0) means "off"
         top_p=given("top_p"),
+        min_p=given("min_p", 0.0),
         seed=given("seed"),
+        repetition_penalty=given("repetition_penalty", 1.0),
+        frequency_penalty=given("frequency_penalty", 0.0),
+        presence_penalty=given("presence_penalty", 0.0),
         max_new_tokens=given("max_completion_tokens"),
         thresholds=QualityThresholds(
             compression_ratio=given("compression_ratio_threshold", defaults.compression_ratio),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from .transcription import ChunkDone, Finished, PipelineEvent, TranscriptionResult
+from .transcription import ChunkDone, Finished, PipelineEvent, TokenTally, TranscriptionResult
 
 DETECTION_FAILED = "language auto-detect failed: forced-prefix sentinel was not produced before stream end"
 
@@ -20,6 +20,9 @@ DETECTION_FAILED = "language auto-detect failed: forced-prefix sentinel was not 
 @dataclass(frozen=True)
 class StreamDelta:
     text: str
+    # The request's tokens when the delta went out (vLLM's continuous usage stats).
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,10 @@ def _next_delta(decoded: str, sent: str, emitted: str, joiner: str) -> tuple[str
     return separator + visible[len(sent):], visible
 
 
-async def render_stream(events: AsyncIterator[PipelineEvent]) -> AsyncIterator[StreamItem]:
-    """StreamItems from a streamed run's ChunkText / ChunkDone / Finished events."""
+async def render_stream(events: AsyncIterator[PipelineEvent], tally: TokenTally | None = None) -> AsyncIterator[StreamItem]:
+    """StreamItems from a streamed run's ChunkText / ChunkDone / Finished events; each delta
+    carries the run's ``tally`` as it stands when the delta goes out (so it never goes back)."""
+    tally = TokenTally() if tally is None else tally
     emitted = ""  # every delta sent so far
     sent = ""  # visible text of the current chunk already sent
     try:
@@ -68,7 +73,7 @@ async def render_stream(events: AsyncIterator[PipelineEvent]) -> AsyncIterator[S
             delta, sent = _next_delta(event.text, sent, emitted, event.joiner)
             if delta:
                 emitted += delta
-                yield StreamDelta(delta)
+                yield StreamDelta(delta, tally.prompt_tokens, tally.completion_tokens)
             if isinstance(event, ChunkDone):
                 sent = ""  # the next chunk starts
     finally:

@@ -48,8 +48,13 @@ class TranscriptionOptions:
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float = 0.0
     seed: int | None = None
     max_new_tokens: int | None = None
+    # vLLM's penalties (engine/params.py DecodeParams), neutral by default; fallback retries keep them.
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     # "fused" (one decode per chunk) or "two-stage" (the baseline of two_stage.py).
     detection: str = "fused"
     # At temperature 0, a chunk that fails the thresholds is decoded again at these.
@@ -66,6 +71,9 @@ class TranscriptionOptions:
     word_timestamps: bool = False  # words with times, from the alignment heads' attention
     beam_size: int = 1  # above 1: beam search for the temperature-0 decode (fallback retries sample)
     length_penalty: float | None = None
+    # Audio with no speech gets its most probable language (one encoder pass, one decoder step)
+    # rather than none; realtime partial decodes, which only compare texts, skip it.
+    name_language_of_silence: bool = True
 
 
 # faster-whisper's rule: context decoded this hot is too unreliable to condition the next chunk.
@@ -112,6 +120,9 @@ class TranscriptionResult:
     detection_failure: str | None = None
     prompt_tokens: int = 0  # over the kept decodes of all chunks
     output_tokens: int = 0
+    # "length" when the token cap (max_completion_tokens, or the model's) cut a kept decode's
+    # text, else "stop": what vLLM and SGLang report as finish_reason.
+    finish_reason: str = "stop"
 
 
 @dataclass
@@ -182,6 +193,40 @@ PipelineEvent = ChunkText | ChunkDone | Finished
 
 
 @dataclass
+class TokenTally:
+    """The tokens a streamed request's decodes have used so far: prompt tokens of every decode
+    started, tokens generated (vLLM's continuous usage stats read it as deltas go out)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ChunkReporter:
+    """Where a streamed window's decodes report: the text as it grows, as ChunkText on the
+    window's queue (a continuation's text after the window's text so far), and the tokens used."""
+
+    index: int
+    queue: asyncio.Queue
+    tally: TokenTally
+    shown: str = ""  # the window's text before this piece
+    joiner: str = ""  # what joins this piece's text to it
+
+    def continued(self, shown: str, joiner: str) -> ChunkReporter:
+        return replace(self, shown=shown, joiner=joiner)
+
+    def started(self, params: DecodeParams) -> None:
+        self.tally.prompt_tokens += len(params.prompt_ids)
+
+    def generated(self) -> None:
+        self.tally.completion_tokens += 1
+
+    def text(self, text: str, joiner: str) -> None:
+        full = self.shown + self.joiner + text.lstrip() if self.shown else text
+        self.queue.put_nowait(ChunkText(self.index, full, joiner))
+
+
+@dataclass
 class _ChunkJob:
     task: asyncio.Future  # -> WindowOutcome
     texts: asyncio.Queue | None  # ChunkText items, then None (streamed runs only)
@@ -207,20 +252,23 @@ class Transcriber:
         raise RuntimeError("the pipeline ended without a result")
 
     async def run(self, audio: np.ndarray, options: TranscriptionOptions, streamed: bool = False,
-                  on_chunk_done: Callable[[AudioChunk], None] | None = None) -> AsyncIterator[PipelineEvent]:
+                  on_chunk_done: Callable[[AudioChunk], None] | None = None,
+                  tally: TokenTally | None = None) -> AsyncIterator[PipelineEvent]:
         """The events of one request, in chunk order (see the module docstring). Closing the
-        generator early cancels every decode still running."""
+        generator early cancels every decode still running. A streamed run counts its tokens
+        in ``tally`` as they are generated."""
+        tally = TokenTally() if tally is None else tally
         plan = await self.plan(audio, options)
         chunks = plan.windows
         conditioned = options.condition_on_previous_text
-        jobs = [] if conditioned else [self._start(i, c, options, None, streamed, on_chunk_done)
+        jobs = [] if conditioned else [self._start(i, c, options, None, streamed, on_chunk_done, tally)
                                        for i, c in enumerate(chunks)]
         outcomes: list[WindowOutcome] = []
         previous: str | None = None
         try:
             for i, chunk in enumerate(chunks):
                 if conditioned:  # each chunk needs the text before it: one at a time
-                    jobs.append(self._start(i, chunk, options, previous, streamed, on_chunk_done))
+                    jobs.append(self._start(i, chunk, options, previous, streamed, on_chunk_done, tally))
                 if jobs[i].texts is not None:
                     while (text := await jobs[i].texts.get()) is not None:
                         yield text
@@ -230,7 +278,10 @@ class Transcriber:
                 previous = self._context_after(outcome, previous, options)
             if not streamed:
                 await self._settle_language(outcomes, options)
-            yield Finished(self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate, plan.speech))
+            result = self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate, plan.speech)
+            if result.language is None and result.detection_failure is None and options.name_language_of_silence:
+                result.language, result.language_probability = await self._language_of_silence(audio, options)
+            yield Finished(result)
         finally:  # finished, failed or abandoned: no decode of this request runs on
             for job in jobs:
                 job.task.cancel()
@@ -277,9 +328,13 @@ class Transcriber:
             params = self.adapter.build_fused_autodetect_params(
                 options.task, options.timestamps, options.candidate_languages, context or None
             )
-        changes = {"temperature": options.temperature, "seed": options.seed, "top_k": options.top_k, "top_p": options.top_p}
+        changes = {"temperature": options.temperature, "seed": options.seed, "top_k": options.top_k, "top_p": options.top_p,
+                   "min_p": options.min_p, "repetition_penalty": options.repetition_penalty,
+                   "frequency_penalty": options.frequency_penalty, "presence_penalty": options.presence_penalty}
         if options.max_new_tokens is not None:
-            changes["max_new_tokens"] = min(params.max_new_tokens, options.max_new_tokens)
+            # The budget is for text: the prefix a fused decode generates first is not counted.
+            budget = options.max_new_tokens + self.adapter.forced_prefix_tokens(params)
+            changes["max_new_tokens"] = min(params.max_new_tokens, budget)
         if options.word_timestamps:
             changes["alignment_heads"] = self.adapter.alignment_heads
         if options.beam_size > 1 and options.temperature == 0:
@@ -288,9 +343,9 @@ class Transcriber:
 
     # ---- one chunk ----
     def _start(self, index: int, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
-               streamed: bool, on_chunk_done: Callable[[AudioChunk], None] | None) -> _ChunkJob:
+               streamed: bool, on_chunk_done: Callable[[AudioChunk], None] | None, tally: TokenTally) -> _ChunkJob:
         texts: asyncio.Queue | None = asyncio.Queue() if streamed else None
-        report = None if texts is None else (lambda text, joiner: texts.put_nowait(ChunkText(index, text, joiner)))
+        report = None if texts is None else ChunkReporter(index, texts, tally)
 
         async def work() -> WindowOutcome:
             try:
@@ -305,7 +360,7 @@ class Transcriber:
         return _ChunkJob(asyncio.ensure_future(work()), texts)
 
     async def _decode_window(self, window: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
-                             report: Callable[[str, str], None] | None) -> WindowOutcome:
+                             report: ChunkReporter | None) -> WindowOutcome:
         """The window's decode, continued (seek) while a piece stopped before the speech in it
         ended: the rest is decoded again from where the text stopped, in the window's language.
         Continuations decode after the piece before them; a stream shows their text after the
@@ -318,8 +373,7 @@ class Transcriber:
             rest = AudioChunk(resume, window.samples[resume - window.start_sample :], window.sample_rate)
             language = options.language or outcome.head.parsed.language
             shown, joiner = self._window_text(outcome, options), self.adapter.joiner(language)
-            follow = None if report is None else (
-                lambda text, j, shown=shown, joiner=joiner: report(shown + joiner + text.lstrip() if shown else text, j))
+            follow = None if report is None else report.continued(shown, joiner)
             # The window's text so far conditions the continuation (as the sequential algorithm
             # conditions each window on the last): a short rest of audio decoded without it is
             # often misheard.
@@ -366,7 +420,7 @@ class Transcriber:
         return max(covered, (offset + regions[0][0]) / rate - SEEK_LEAD_S)
 
     async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
-                            report: Callable[[str, str], None] | None) -> ChunkOutcome:
+                            report: ChunkReporter | None) -> ChunkOutcome:
         """The chunk's kept decode. With ``report`` its text is shown as it grows, so it is
         never replaced: no temperature fallback."""
         if not await self._hears_speech(chunk, options):
@@ -390,7 +444,7 @@ class Transcriber:
         temperature after another, in a fraction of the time."""
         base_seed = FALLBACK_SEED if options.seed is None else options.seed
         retries = [replace(self.params_for(options, language, previous_text), temperature=temperature,
-                           seed=base_seed + i + 1, top_k=None, top_p=None, beam_size=1)
+                           seed=base_seed + i + 1, top_k=None, top_p=None, min_p=0.0, beam_size=1)
                    for i, temperature in enumerate(options.fallback_temperatures)]
         attempts = [first] + list(await asyncio.gather(*(self._decode(chunk, p, options) for p in retries)))
         kept = attempts[pick_best([a.figures for a in attempts], options.thresholds)]
@@ -398,9 +452,11 @@ class Transcriber:
         return kept
 
     async def _decode(self, chunk: AudioChunk, params: DecodeParams, options: TranscriptionOptions,
-                      report: Callable[[str, str], None] | None = None) -> ChunkOutcome:
+                      report: ChunkReporter | None = None) -> ChunkOutcome:
         """One engine decode of the chunk, parsed."""
         stream = self.engine.submit(chunk.samples, params)
+        if report is not None:
+            report.started(params)
         try:
             if report is None:
                 await stream.collect()
@@ -411,7 +467,7 @@ class Transcriber:
         return self._outcome(chunk, params, stream.result, options)
 
     async def _follow(self, stream: SequenceStream, params: DecodeParams, options: TranscriptionOptions,
-                      report: Callable[[str, str], None]) -> None:
+                      report: ChunkReporter) -> None:
         """Drain the decode, reporting its visible text each time it grows once the forced
         prefix has parsed. A window the probe says may hold no speech reports nothing: its text
         waits for the verdict at the end (silence gives no invented text)."""
@@ -422,6 +478,7 @@ class Transcriber:
         joiner, held, failed = "", False, False
         async for event in stream:
             tokens.append(event.token_id)
+            report.generated()
             if len(tokens) == 1:  # the probe is in by the first token
                 held = may_be_silent(adapter.no_speech_probability(stream.result.probe_probs), options.thresholds)
             if held or failed or len(tokens) < need:
@@ -431,7 +488,7 @@ class Transcriber:
                 failed = head.failure is not None  # ChunkDone reports it
                 body, joiner = head.prefix_length, adapter.joiner(head.language)
             if not failed:
-                report(adapter.decode_text(tokens[body:]), joiner)
+                report.text(adapter.decode_text(tokens[body:]), joiner)
 
     async def _hears_speech(self, chunk: AudioChunk, options: TranscriptionOptions) -> bool:
         if self.gate is None or not options.vad_filter:
@@ -506,6 +563,27 @@ class Transcriber:
             outcome.head.language_probs = outcomes[i].head.language_probs  # what the window itself heard
             outcomes[i] = outcome
 
+    async def _language_of_silence(self, audio: np.ndarray, options: TranscriptionOptions) -> tuple[str | None, float | None]:
+        """The most probable language of audio in which nothing was decoded (the speech gate
+        heard no speech): silence is not a failed detection, and clients type the language as a
+        string. The model's language probabilities at <|startoftranscript|> over the first
+        window: one encoder pass and one decoder step."""
+        window = audio[: int(self.adapter.config.max_clip_seconds * self.adapter.config.sample_rate)]
+        if not window.size:
+            return None, None
+        params = replace(self.params_for(replace(options, word_timestamps=False, beam_size=1, temperature=0.0)),
+                         max_new_tokens=1)
+        stream = self.engine.submit(window, params)
+        try:
+            await stream.collect()
+        finally:
+            stream.cancel()
+        probabilities = self.adapter.language_probabilities(stream.result.probe_probs, options.candidate_languages)
+        if not probabilities:
+            return None, None
+        language = max(probabilities, key=probabilities.get)
+        return language, probabilities[language]
+
     def _words(self, outcome: ChunkOutcome) -> list[Word]:
         """The chunk's words, timed within the chunk by DTW over the alignment heads."""
         attention = outcome.result.cross_attention
@@ -573,6 +651,7 @@ class Transcriber:
             detection_failure="; ".join(failures) if failures else None,
             prompt_tokens=sum(len(o.params.prompt_ids) for o in outcomes if o.params is not None),
             output_tokens=sum(len(o.result.token_ids) for o in outcomes if o.params is not None),
+            finish_reason="length" if any(o.result.finish_reason == "length" for o in outcomes) else "stop",
         )
 
 

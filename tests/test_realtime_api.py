@@ -127,6 +127,27 @@ async def test_vllm_protocol_short_clip_with_language_set(ws_url):
         assert "".join(e["delta"] for e in events if e["type"] == "transcription.delta") == done["text"]
 
 
+async def test_vllm_protocol_reuses_one_connection_for_several_cycles(ws_url):
+    """vLLM's own realtime test: a warm-up cycle, then the real one, on one connection."""
+    async with websockets.connect(ws_url) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "model": "whisper-1"}))
+        dones = []
+        for lang, name in (("en", "hello_world"), ("fr", "pangrama"), ("en", "quick_brown_fox")):
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))  # this cycle starts
+            await send_frames(ws, pcm16(load_clip(lang, name)), 3200, 0.01)
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+            events = await receive_until(ws, "transcription.done")
+            assert not [e for e in events if e["type"] == "error"], events
+            dones.append(events[-1])
+            assert "".join(e["delta"] for e in events if e["type"] == "transcription.delta") == events[-1]["text"]
+        assert [d["language"] for d in dones] == ["en", "fr", "en"]
+        assert wer("fr", "pangrama", dones[1]["text"]) <= 0.25 and wer("en", "quick_brown_fox", dones[2]["text"]) <= 0.1
+        # Within a cycle the rules stand: audio after the final commit, before the next start, is refused.
+        await send_frames(ws, pcm16(load_clip("en", "hello_world")[:3200]), 3200, 0.0)
+        await expect_error(ws, "session_not_started")
+
+
 # ---- OpenAI transcription session ----
 
 def test_openai_sdk_transcription_session_at_24khz(server, ws_url):
@@ -244,7 +265,7 @@ async def test_faults_get_error_events_and_the_session_still_transcribes(ws_url)
         events = await receive_until(ws, "transcription.done")
         assert events[-1]["text"] == "Hello world."
         await ws.send(append(pcm16(load_clip("en", "hello_world"))))
-        await expect_error(ws, "input_finished")
+        await expect_error(ws, "session_not_started")  # the final commit ended the cycle; a commit starts the next
 
 
 async def test_openai_errors_carry_the_client_event_id(ws_url):

@@ -5,7 +5,7 @@ import io
 import pytest
 from starlette.datastructures import FormData, UploadFile
 
-from asr_service.cli import _option_values, _parser
+from asr_service.cli import _option_values, _parser, _server_settings
 from asr_service.request_options import OPTIONS, OptionError, build_options
 from asr_service.server.request_form import parse_transcription_form
 from asr_service.speech_gate import VadSettings
@@ -15,7 +15,8 @@ pytestmark = pytest.mark.model  # the options are checked against the real model
 # A value for every option, as text (lists: one text per item).
 EVERY_OPTION = {
     "language": "fr", "allowed_languages": ["fr", "en"], "prompt": "Bonjour.", "hotwords": "Blanqui",
-    "temperature": "0.3", "top_k": "40", "top_p": "0.9", "seed": "7", "max_completion_tokens": "100",
+    "temperature": "0.3", "top_k": "40", "top_p": "0.9", "min_p": "0.05", "seed": "7", "max_completion_tokens": "100",
+    "repetition_penalty": "1.2", "frequency_penalty": "0.5", "presence_penalty": "-0.5",
     "temperature_fallback": "false", "compression_ratio_threshold": "2.0", "log_prob_threshold": "-0.5",
     "no_speech_threshold": "0.5", "vad_filter": "true",
     "chunking_strategy": '{"type": "server_vad", "threshold": 0.6, "silence_duration_ms": 800}', "detect_language_per_chunk": "true",
@@ -46,7 +47,8 @@ def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
     from_cli = build_options(_option_values(_parser().parse_args(argv)), adapter, "transcribe", "verbose_json")
     assert from_cli == from_form
     assert from_form.candidate_languages == ("fr", "en") and from_form.hotwords == "Blanqui"
-    assert from_form.top_p == 0.9 and from_form.top_k == 40 and from_form.beam_size == 3
+    assert from_form.top_p == 0.9 and from_form.top_k == 40 and from_form.beam_size == 3 and from_form.min_p == 0.05
+    assert (from_form.repetition_penalty, from_form.frequency_penalty, from_form.presence_penalty) == (1.2, 0.5, -0.5)
     assert from_form.word_timestamps and from_form.condition_on_previous_text and from_form.vad_filter
     assert from_form.vad == VadSettings(threshold=0.6, window_pause_s=0.8)
     assert from_form.fallback_temperatures == () and from_form.thresholds.no_speech == 0.5
@@ -102,3 +104,17 @@ def test_a_chunking_strategy_that_cannot_apply_is_refused(adapter, fields, says)
     with pytest.raises(OpenAIError) as refused:
         parse_transcription_form(_form(*fields), adapter, "transcribe")
     assert refused.value.param == "chunking_strategy" and says in str(refused.value)
+
+
+def test_the_servers_default_stream_format_applies_when_a_request_names_none(adapter):
+    """`serve --default-stream-format chunk`: plain stream=true gets vLLM / SGLang's chunks."""
+    settings = _server_settings(_parser().parse_args(["serve", "--default-stream-format", "chunk"]))
+    assert settings.default_stream_format == "chunk"
+    assert _server_settings(_parser().parse_args(["serve"])).default_stream_format == "openai"
+
+    def stream_format(*fields) -> str:
+        form = FormData([("file", UploadFile(io.BytesIO(b"x"), filename="a.wav")), ("stream", "true"), *fields])
+        return parse_transcription_form(form, adapter, "transcribe", "fused", settings.default_stream_format).stream_format
+
+    assert stream_format() == "chunk"
+    assert stream_format(("stream_format", "openai")) == "openai"  # the request still chooses

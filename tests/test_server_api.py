@@ -134,7 +134,8 @@ def test_sdk_given_language(client):
 def test_sdk_translation_to_english(client):
     with open(clip_path("fr", "comptage"), "rb") as f:
         result = client.audio.translations.create(model="whisper-1", file=f, response_format="verbose_json")
-    assert result.task == "translate" and result.language == "fr"
+    # The SDK's TranslationVerbose.language is the output's language; the one heard is kept too.
+    assert result.task == "translate" and result.language == "english" and result.model_extra["source_language"] == "fr"
     assert any(d in result.text for d in ("2", "3", "two", "Two"))
 
 
@@ -148,12 +149,24 @@ def test_sdk_streaming_iterates_openai_events(client):
     assert "".join(deltas) == done[0].text == "A rápida raposa, Marrom salta sobre o cachorro preguiçoso."
 
 
-def test_sdk_raises_on_the_detection_error_event(client):
-    with open(clip_path("en", "hello_world"), "rb") as f:
-        stream = client.audio.transcriptions.create(model="whisper-1", file=f, stream=True,
-                                                    extra_body={"max_completion_tokens": 2})
-        with pytest.raises(openai.APIError, match="language auto-detect failed"):
-            list(stream)
+def test_sdk_retrieves_the_served_model(client):
+    assert client.models.retrieve("whisper-1").id == "whisper-1"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("whisper-9")
+    assert missing.value.body["code"] == "model_not_found" and missing.value.body["param"] == "model"
+
+
+def test_silence_has_a_true_language_in_the_sdks_types(client):
+    """Silence is not a failed detection: verbose_json names the most probable language (the SDK
+    types it as a string), with no text."""
+    silence = wav_bytes(np.zeros(16000 * 3, np.float32))
+    result = client.audio.transcriptions.create(model="whisper-1", file=("silence.wav", silence),
+                                                response_format="verbose_json")
+    assert isinstance(result.language, str) and result.language and result.text == "" and not result.segments
+    assert 0 < result.model_extra["language_probability"] <= 1
+    translated = client.audio.translations.create(model="whisper-1", file=("silence.wav", silence),
+                                                  response_format="verbose_json")
+    assert translated.language == "english" and translated.model_extra["source_language"] == result.language
 
 
 # ---- raw HTTP: SSE bytes ----
@@ -191,26 +204,102 @@ def test_sse_chunk_schema_for_vllm_and_sglang_clients(server):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
 
 
-def test_sse_error_event_when_the_prefix_never_parses(server):
-    # Two tokens cannot hold <|lang|><|task|><|notimestamps|>: the stream ends before the prefix.
-    with open(clip_path("en", "hello_world"), "rb") as f:
-        r = post(server, {"stream": "true", "max_completion_tokens": "2"}, {"file": ("a.wav", f, "audio/wav")})
-    events = sse_events(r)
-    assert events[-1] == "[DONE]" and len(events) == 2
-    error = json.loads(events[0])["error"]
-    assert error["message"].startswith("language auto-detect failed") and error["code"] == "language_detection_failed"
-    with open(clip_path("en", "hello_world"), "rb") as f:
-        r = post(server, {"stream": "true", "stream_format": "chunk", "max_completion_tokens": "2"},
-                 {"file": ("a.wav", f, "audio/wav")})
-    assert [json.loads(e)["error"]["code"] for e in sse_events(r)[:-1]] == ["language_detection_failed"]
-    # Not streaming: verbose_json says language null, json is an error, never a made-up "en".
-    with open(clip_path("en", "hello_world"), "rb") as f:
-        r = post(server, {"response_format": "verbose_json", "max_completion_tokens": "2"}, {"file": ("a.wav", f, "audio/wav")})
-    assert r.status_code == 200 and r.json()["language"] is None
-    with open(clip_path("en", "hello_world"), "rb") as f:
-        r = post(server, {"max_completion_tokens": "2"}, {"file": ("a.wav", f, "audio/wav")})
-    assert_openai_error(r, 400, param="max_completion_tokens", code="language_detection_failed")
+def test_sse_chunk_schema_with_continuous_usage_stats(server):
+    """vLLM's stream_continuous_usage_stats: every chunk says the usage so far; it only grows, and
+    ends at the usage of the whole request."""
+    audio = np.concatenate([load_clip("en", "quick_brown_fox"), np.zeros(16000, np.float32), load_clip("en", "counting")])
+    r = post(server, {"stream": "true", "stream_format": "chunk", "stream_include_usage": "true",
+                      "stream_continuous_usage_stats": "true"}, {"file": ("a.wav", wav_bytes(audio), "audio/wav")})
+    chunks = [json.loads(e) for e in sse_events(r)[:-1]]
+    deltas = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert len(deltas) > 3 and all("usage" in c for c in chunks)
+    completions = [c["usage"]["completion_tokens"] for c in chunks]
+    assert completions == sorted(completions) and completions[0] > 0
+    assert all(c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"] for c in chunks)
+    assert chunks[-2]["usage"] == chunks[-1]["usage"]  # the finish chunk's, and the final usage chunk
+    with open(clip_path("en", "hello_world"), "rb") as f:  # OpenAI's events have no place for it
+        refused = post(server, {"stream": "true", "stream_continuous_usage_stats": "true"}, {"file": ("a.wav", f)})
+    assert_openai_error(refused, 400, "stream_continuous_usage_stats")
+
+
+def test_max_completion_tokens_counts_text_only_and_is_clamped(server):
+    """The budget is for text: the prefix a fused decode generates first is not counted, so a
+    request without a language gets what one with a language gets. vLLM's clients send 1e6 and
+    get the model's own limit; a stream cut by the budget says finish_reason "length"."""
+    def text(fields: dict, response_format: str = "json") -> dict:
+        with open(clip_path("en", "hello_world"), "rb") as f:
+            r = post(server, {"response_format": response_format, **fields}, {"file": ("a.wav", f, "audio/wav")})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    full = text({})["text"]
+    for budget in (1, 2):  # " Hello", " world", "."
+        fused = text({"max_completion_tokens": str(budget)})["text"]
+        given = text({"max_completion_tokens": str(budget), "language": "en"})["text"]
+        assert fused == given and len(fused.split()) == budget and full.startswith(fused), (fused, given)
+    assert text({"max_completion_tokens": "1"}, "verbose_json")["language"] == "en"
+    assert text({"max_completion_tokens": "1000000"})["text"] == full
+
+    def finish_reasons(fields: dict) -> list[str]:
+        with open(clip_path("en", "hello_world"), "rb") as f:
+            r = post(server, {"stream": "true", "stream_format": "chunk", **fields}, {"file": ("a.wav", f, "audio/wav")})
+        chunks = [json.loads(e) for e in sse_events(r)[:-1]]
+        return [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+
+    assert finish_reasons({"max_completion_tokens": "1"}) == ["length"]
+    assert finish_reasons({}) == ["stop"]
     still_healthy(server)
+
+
+def test_vllms_sampling_extras_apply(server):
+    """repetition / frequency / presence penalties and min_p act as in vLLM (never ignored)."""
+    audio = clip_path("en", "counting").read_bytes()  # "1-2-3-4-5-6-7-8-9-10.": one separator, nine times
+
+    def text(**fields) -> str:
+        r = post(server, fields, {"file": ("a.wav", audio, "audio/wav")})
+        assert r.status_code == 200, r.text
+        return r.json()["text"]
+
+    plain = text()
+    assert text(repetition_penalty="1.0", frequency_penalty="0", presence_penalty="0", min_p="0") == plain
+    # What is already in the text is less likely: the separator stops being repeated.
+    for field, value in (("repetition_penalty", "3.0"), ("frequency_penalty", "2.0")):
+        penalised = text(**{field: value, "temperature_fallback": "false"})
+        assert penalised != plain and penalised.startswith("1-2") and penalised.count("-") < plain.count("-"), \
+            (field, plain, penalised)
+    # min_p 1 keeps only the most likely token: sampling at temperature 1 is then greedy.
+    assert text(temperature="1.0", seed="3", min_p="1.0") == plain
+    for field, value in (("repetition_penalty", "0"), ("frequency_penalty", "3"), ("min_p", "1.5")):
+        assert_openai_error(post(server, {field: value}, {"file": ("a.wav", audio, "audio/wav")}), 400, field)
+
+
+def test_the_same_request_gets_the_same_answer(server):
+    """temperature=0 is deterministic, fallback included: a long file of one passage said ten
+    times (repetition is what sends windows to the sampling fallback) gives one answer, run
+    after run, in every format."""
+    gap = np.zeros(8000, np.float32)
+    passage = np.concatenate([load_clip("en", "quick_brown_fox"), gap, load_clip("en", "counting"), gap,
+                              load_clip("en", "hello_world"), gap])
+    audio = wav_bytes(np.concatenate([passage] * 10))
+    answers = []
+    for _ in range(3):
+        r = post(server, {"response_format": "verbose_json"}, {"file": ("ten.wav", audio, "audio/wav")})
+        assert r.status_code == 200, r.text
+        answers.append(r.json())
+    assert answers[0] == answers[1] == answers[2]
+    assert any(s["temperature"] > 0 for s in answers[0]["segments"])  # a sampled retry was kept, seeded
+    text = answers[0]["text"].lower()
+    assert text.count("quick brown fox") >= 8, text  # none of the passages is lost to a loop
+
+
+def test_segment_granularity_is_taken_with_every_format_and_in_streams(server):
+    """OpenAI takes timestamp_granularities[]=segment with json and text (SGLang's clients send it
+    with stream=true too); only word needs verbose_json."""
+    for fields in ({"response_format": "json"}, {"response_format": "text"}, {"stream": "true"},
+                   {"stream": "true", "stream_format": "chunk"}):
+        with open(clip_path("en", "hello_world"), "rb") as f:
+            r = post(server, {**fields, "timestamp_granularities[]": "segment"}, {"file": ("a.wav", f, "audio/wav")})
+        assert r.status_code == 200 and "world" in r.text.lower(), (fields, r.text)
 
 
 def test_client_that_disconnects_mid_stream_frees_its_slots(server):

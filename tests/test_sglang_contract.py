@@ -32,7 +32,8 @@ OLDEST, CURRENT = SGLANG_VERSIONS[0], SGLANG_VERSIONS[-1]
 
 def kinds(adapter) -> dict:
     """One DecodeParams of every kind the front sends."""
-    sampled = replace(adapter.build_prompt("en"), temperature=0.4, top_k=5, top_p=0.9, seed=7)
+    sampled = replace(adapter.build_prompt("en"), temperature=0.4, top_k=5, top_p=0.9, min_p=0.05, seed=7,
+                      repetition_penalty=1.2, frequency_penalty=0.5, presence_penalty=-0.5)
     return {"fused detection": adapter.build_fused_autodetect_params(),
             "fused with timestamps": adapter.build_fused_autodetect_params("transcribe", True),
             "known language": adapter.build_prompt("fr"),
@@ -80,7 +81,12 @@ def assert_intended_prompts(judged: dict) -> None:
 
 @pytest.mark.parametrize("version", SGLANG_VERSIONS)
 def test_with_the_plugin_every_body_is_accepted_and_becomes_the_intended_prompt(verdicts, version):
-    assert_intended_prompts(verdicts[version, Carrier.INPUT_IDS, True])
+    judged = verdicts[version, Carrier.INPUT_IDS, True]
+    assert_intended_prompts(judged)
+    # vLLM's sampling extras reach SGLang's SamplingParams under their own names (and pass verify).
+    sampling = judged["sampling"][1]["sampling_params"]
+    assert (sampling["min_p"], sampling["repetition_penalty"], sampling["frequency_penalty"],
+            sampling["presence_penalty"]) == (0.05, 1.2, 0.5, -0.5)
 
 
 @pytest.mark.parametrize("version", SGLANG_VERSIONS)

@@ -242,6 +242,7 @@ async def test_a_server_failing_mid_decode_ends_the_sequence_unavailable_then_co
     await asyncio.sleep(0.6)  # past the retry delay: the servers pass their canaries and get work again
     result = await tr.transcribe(load_clip("en", "hello_world"), TranscriptionOptions())
     assert result.language == "en" and "world" in result.text.lower()
+    await tr.engine.admit()  # the one that failed passes its canary again (in the background, or here)
     assert all(s["state"] == "up" and s["prompt_carrier"] for s in tr.engine.pool.snapshot())
 
 

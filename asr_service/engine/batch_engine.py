@@ -28,7 +28,7 @@ from .beam_search import BeamGroup
 from .encoder_cache import EncoderCache
 from .features import log_mel_spectrogram
 from .interface import EngineFigures
-from .logits import GrammarMask, apply_whisper_rules, choose_tokens
+from .logits import GrammarMask, apply_penalties, apply_whisper_rules, choose_tokens
 from .model import SharedAudio, Whisper
 from .params import DecodeParams, StepEvent, UnsupportedDecode
 from .sequence import DecodingSequence
@@ -229,6 +229,7 @@ class BatchEngine:
         for i, s in enumerate(seqs):  # the probe reads the raw distribution, before any mask
             if s.params.probe_ids and s.n_generated == 0 and s.params.probe_index == len(s.params.prompt_ids) - 1:
                 _record_probe(s, logits[i])
+        apply_penalties(seqs, logits)
         self._grammar_mask(seqs, logits)
         apply_whisper_rules(seqs, logits)
         logprobs = torch.log_softmax(logits, dim=-1)

@@ -23,8 +23,24 @@ class Row(Protocol):
     params: DecodeParams
     matcher: xgr.GrammarMatcher | None
     generator: torch.Generator | None
+    tokens: list[int]  # prompt + generated
 
     def text_tokens(self) -> list[int] | None: ...
+
+
+def apply_penalties(rows: list[Row], logits: torch.Tensor) -> None:
+    """vLLM's repetition, frequency and presence penalties (see DecodeParams), for the rows that
+    set them; a request that sets none pays nothing."""
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(row.tokens)), device=logits.device)
+            values = logits[i, seen]
+            logits[i, seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        generated = row.tokens[len(p.prompt_ids):]
+        if generated and (p.frequency_penalty or p.presence_penalty):
+            ids, counts = torch.tensor(generated, device=logits.device).unique(return_counts=True)
+            logits[i, ids] -= p.frequency_penalty * counts.to(logits.dtype) + p.presence_penalty
 
 
 class GrammarMask:
@@ -96,7 +112,7 @@ def choose_tokens(rows: list[Row], logits: torch.Tensor) -> list[int]:
 
 
 def sample_one(logits: torch.Tensor, params: DecodeParams, generator: torch.Generator) -> int:
-    """Temperature sampling over the tokens that survive top_k, then top_p (nucleus).
+    """Temperature sampling over the tokens that survive top_k, then top_p (nucleus), then min_p.
 
     When the grammar leaves no token (all -inf), the argmax is returned: its log-probability is
     -inf, which ends the sequence as "grammar" exactly as in the greedy path (softmax of all -inf
@@ -114,7 +130,10 @@ def sample_one(logits: torch.Tensor, params: DecodeParams, generator: torch.Gene
         drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= params.top_p
         drop[0] = False
         scaled = scaled.scatter(0, order[drop], NEG_INF)
-    return int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator))
+    probabilities = torch.softmax(scaled, dim=-1)
+    if params.min_p > 0:
+        probabilities = probabilities.masked_fill(probabilities < params.min_p * probabilities.max(), 0.0)
+    return int(torch.multinomial(probabilities, 1, generator=generator))
 
 
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}

@@ -41,7 +41,14 @@ class DecodeParams:
     temperature: float = 0.0  # 0: greedy; above: sampling, narrowed by top_k / top_p
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float = 0.0  # sampling: drop tokens less likely than min_p x the most likely one
     seed: int | None = None
+    # vLLM's penalties (neutral by default), on every decode: repetition divides positive logits
+    # (multiplies negative ones) of tokens in the prompt or output; frequency and presence
+    # subtract count x frequency + presence for tokens in the output.
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     # Beam search (greedy when 1): beams that each hold a slot; the grammar holds in every beam.
     beam_size: int = 1
     length_penalty: float | None = None  # None: rank by log-probability per token

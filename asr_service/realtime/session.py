@@ -226,6 +226,11 @@ class RealtimeSession:
         if final:
             self.input_finished = True
 
+    def reopen(self) -> None:
+        """Take audio again after a final commit (vLLM clients reuse one connection for several
+        cycles); what the final commit closed is still decoded, in order."""
+        self.input_finished = False
+
     def clear(self) -> None:
         if self._current is not None:
             self._stop_partial(self._current)
@@ -359,9 +364,10 @@ class RealtimeSession:
         utterance.decoded_samples = audio.shape[0]
         budget = partial_token_budget(audio.shape[0] / SAMPLE_RATE)
         # No temperature fallback: a partial that fails is simply not agreed with.
-        options = replace(self._options(utterance), fallback_temperatures=(), max_new_tokens=budget)
+        options = replace(self._options(utterance), fallback_temperatures=(), max_new_tokens=budget,
+                          name_language_of_silence=False)
         result = await self.transcriber.transcribe(audio, options)
-        usable = result.detection_failure is None and result.output_tokens < budget
+        usable = result.detection_failure is None and result.finish_reason != "length"  # not cut by the budget
         latest = (result.language, result.text if usable else "")
         log.debug("partial decode of %s at %.1f s: %r (usable: %s)", utterance.item_id, audio.shape[0] / SAMPLE_RATE,
                   result.text, usable)

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from .errors import install_error_handlers
+from .errors import OpenAIError, install_error_handlers
 from .gate import Gate
 from .realtime_ws import realtime_endpoint
 from .request_log import RequestLog
@@ -61,11 +61,21 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def metrics():
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
+    def model_card() -> dict:
+        return {"id": state.settings.model_name, "object": "model", "created": state.created, "owned_by": "asr-service"}
+
     @app.get("/v1/models")
     async def models():
         state.require_ready()
-        return {"object": "list", "data": [
-            {"id": state.settings.model_name, "object": "model", "created": state.created, "owned_by": "asr-service"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")  # :path: hub ids hold a slash (openai/whisper-base)
+    async def model(model_id: str):
+        state.require_ready()
+        if model_id != state.settings.model_name:
+            raise OpenAIError(404, f"The model '{model_id}' does not exist; this server serves "
+                                   f"'{state.settings.model_name}'", param="model", code="model_not_found")
+        return model_card()
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):

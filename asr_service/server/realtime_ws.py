@@ -161,10 +161,13 @@ class RealtimeConnection:
         elif kind == "input_audio_buffer.commit":
             final = event.get("final") is True
             if not self.started:
-                self.started = True  # vLLM: the first commit says "ready", it commits nothing
+                self.started = True  # vLLM: the first commit of a cycle says "ready", it commits nothing
+                self.session.reopen()  # the cycle before, if any, ended with a final commit
                 if not final:
                     return
             self.session.commit(final=final)
+            if final and self.dialect == VLLM:
+                self.started = False  # vLLM: the next commit starts a new cycle on this connection
         elif kind == "input_audio_buffer.clear":
             self.session.clear()
         else:

@@ -23,6 +23,7 @@ STREAM_FORMATS = ("openai", "chunk")
 # Fields of the HTTP response rather than of the decode: the form alone has them.
 OPTION_STREAM = Option("stream", bool, "stream text events")
 OPTION_INCLUDE_USAGE = Option("stream_include_usage", bool, "a usage chunk at the end")
+OPTION_CONTINUOUS_USAGE = Option("stream_continuous_usage_stats", bool, "the usage so far on every chunk")
 
 
 @dataclass
@@ -34,6 +35,7 @@ class TranscriptionRequest:
     stream: bool
     stream_format: str
     stream_include_usage: bool
+    stream_continuous_usage_stats: bool = False
 
 
 def _bad(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
@@ -75,7 +77,7 @@ def _values(form: FormData) -> dict[str, object]:
 
 
 def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task: str,
-                             detection: str = "fused") -> TranscriptionRequest:
+                             detection: str = "fused", default_stream_format: str = "openai") -> TranscriptionRequest:
     file = form.get("file")
     if not isinstance(file, UploadFile):
         raise _bad("file", "A 'file' field with the audio is required (multipart/form-data).",
@@ -95,7 +97,7 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
 
     try:
         stream = OPTION_STREAM.parse(_text(form, "stream") or "false")
-        stream_format = _text(form, "stream_format") or "openai"
+        stream_format = _text(form, "stream_format") or default_stream_format
         if stream_format not in STREAM_FORMATS:
             raise OptionError("stream_format", f"stream_format must be one of {', '.join(STREAM_FORMATS)}")
         if stream and response_format not in ("json", "text"):
@@ -103,8 +105,13 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
                                         f"{response_format!r}", code="unsupported_value")
         options = build_options(_values(form), adapter, task, response_format, stream, detection)
         include_usage = OPTION_INCLUDE_USAGE.parse(_text(form, "stream_include_usage") or "false")
+        continuous_usage = OPTION_CONTINUOUS_USAGE.parse(_text(form, "stream_continuous_usage_stats") or "false")
+        if continuous_usage and not (stream and stream_format == "chunk"):
+            raise OptionError("stream_continuous_usage_stats", "stream_continuous_usage_stats puts usage on every "
+                                                               "chunk of a stream_format=chunk stream; this request "
+                                                               "is not one", code="unsupported_value")
     except OptionError as e:
         raise _bad(e.param, str(e), e.code) from None
     return TranscriptionRequest(file=file, model=_text(form, "model"), response_format=response_format,
                                 options=options, stream=stream, stream_format=stream_format,
-                                stream_include_usage=include_usage)
+                                stream_include_usage=include_usage, stream_continuous_usage_stats=continuous_usage)

@@ -55,20 +55,29 @@ async def openai_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict]
     yield {"data": "[DONE]"}
 
 
-async def chunk_events(items: AsyncIterator[StreamItem], model: str, include_usage: bool) -> AsyncIterator[dict]:
-    """vLLM/SGLang's ``transcription.chunk`` objects with ``choices[0].delta.content``."""
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+async def chunk_events(items: AsyncIterator[StreamItem], model: str, include_usage: bool,
+                       continuous_usage: bool = False) -> AsyncIterator[dict]:
+    """vLLM/SGLang's ``transcription.chunk`` objects with ``choices[0].delta.content``; with
+    ``continuous_usage`` (vLLM's stream_continuous_usage_stats) every chunk carries the usage so far."""
     base = {"id": f"trsc-{uuid.uuid4().hex}", "object": "transcription.chunk", "created": int(time.time()), "model": model}
     async for item in _guarded(items):
         if isinstance(item, StreamDelta):
-            yield _data({**base, "choices": [{"delta": {"content": item.text}, "finish_reason": None, "stop_reason": None}]})
+            chunk = {**base, "choices": [{"delta": {"content": item.text}, "finish_reason": None, "stop_reason": None}]}
+            if continuous_usage:
+                chunk["usage"] = _usage(item.prompt_tokens, item.completion_tokens)
+            yield _data(chunk)
         elif isinstance(item, StreamFailed):
             yield _failure(item)
             break
         elif isinstance(item, StreamDone):
-            yield _data({**base, "choices": [{"delta": {}, "finish_reason": "stop", "stop_reason": None}]})
+            usage = _usage(item.result.prompt_tokens, item.result.output_tokens)
+            finish = {**base, "choices": [{"delta": {}, "finish_reason": item.result.finish_reason, "stop_reason": None}]}
+            yield _data({**finish, "usage": usage} if continuous_usage else finish)
             if include_usage:
-                result = item.result
-                yield _data({**base, "choices": [], "usage": {
-                    "prompt_tokens": result.prompt_tokens, "completion_tokens": result.output_tokens,
-                    "total_tokens": result.prompt_tokens + result.output_tokens}})
+                yield _data({**base, "choices": [], "usage": usage})
     yield {"data": "[DONE]"}

@@ -32,6 +32,9 @@ class ServerSettings:
     served_model_name: str | None = None
     # "two-stage" (a separate detection decode) exists only as a baseline for bench/.
     detection: str = "fused"
+    # What stream=true sends when the request names no stream_format: "openai" (the OpenAI SDK's
+    # transcript.text.* events) or "chunk" (vLLM / SGLang's choices[0].delta.content).
+    default_stream_format: str = "openai"
     limits: AudioLimits = field(default_factory=AudioLimits)
     realtime: RealtimeLimits = field(default_factory=RealtimeLimits)
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)

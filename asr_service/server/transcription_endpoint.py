@@ -26,6 +26,7 @@ from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_au
 from ..engine.params import EngineUnavailable
 from ..formats import render, to_json, to_verbose_json
 from ..streaming import StreamDone, StreamFailed, StreamItem, render_stream
+from ..transcription import TokenTally
 from .admission import Overloaded, Ticket
 from .errors import OpenAIError
 from .gate import GRACE_OVER_MESSAGE, Door
@@ -88,7 +89,8 @@ async def _read_request(request: Request, state: ServerState, task: str) -> tupl
     except Exception as e:  # malformed multipart, wrong content type
         raise OpenAIError(400, f"Could not parse the request as multipart/form-data: {e}",
                           code="invalid_request") from None
-    req = parse_transcription_form(form, runtime.adapter, task, state.settings.detection)
+    req = parse_transcription_form(form, runtime.adapter, task, state.settings.detection,
+                                   state.settings.default_stream_format)
     if req.file.size is not None and req.file.size > limit:
         raise OpenAIError(413, f"Upload of {req.file.size} bytes exceeds the limit of {limit} bytes",
                           param="file", code="file_too_large")
@@ -217,8 +219,9 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
     if req.stream:
         async def items():
             try:
-                events = runtime.transcriber.run(audio, req.options, streamed=True)
-                rendered = _until_grace_over(render_stream(events), state.door)
+                tally = TokenTally()
+                events = runtime.transcriber.run(audio, req.options, streamed=True, tally=tally)
+                rendered = _until_grace_over(render_stream(events, tally), state.door)
                 async for item in _with_deadline(rendered, remaining, timeout):
                     if req.options.language is None and isinstance(item, StreamDone):
                         state.metrics.detection(item.result.language)
@@ -229,7 +232,8 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
             finally:
                 ticket.release()
 
-        events = (chunk_events(items(), state.settings.model_name, req.stream_include_usage)
+        events = (chunk_events(items(), state.settings.model_name, req.stream_include_usage,
+                               req.stream_continuous_usage_stats)
                   if req.stream_format == "chunk" else openai_events(items()))
         # The release also runs after the response, for a stream that never started.
         return EventSourceResponse(events, background=BackgroundTask(ticket.release))

@@ -100,7 +100,7 @@ class BackendPool:
                  for b in self.backends if not b.is_up(now)]
         parts += [f"{b.url} cannot carry this prompt (it has no asr_whisper_prompt plugin)"
                   for b in self.backends if b.is_up(now) and b.carrier is not None and b.carrier not in carriers]
-        return "no SGLang backend is up: " + "; ".join(parts) if parts else "no SGLang backend is up"
+        return "no SGLang backend can take this decode: " + ("; ".join(parts) or "none is up")
 
     def snapshot(self) -> list[dict]:
         """Each backend's state, for /health and /metrics."""

@@ -122,7 +122,16 @@ def generate_body(rid: str, samples: np.ndarray, params: DecodeParams, carrier: 
         "skip_special_tokens": False,
         "spaces_between_special_tokens": False,
     }
+    # vLLM's penalties are SGLang's too (same names, same neutral values).
+    if params.repetition_penalty != 1.0:
+        sampling["repetition_penalty"] = params.repetition_penalty
+    if params.frequency_penalty:
+        sampling["frequency_penalty"] = params.frequency_penalty
+    if params.presence_penalty:
+        sampling["presence_penalty"] = params.presence_penalty
     if params.temperature > 0:
+        if params.min_p:
+            sampling["min_p"] = params.min_p
         if params.top_k:
             sampling["top_k"] = params.top_k
         if params.top_p is not None:

@@ -1,0 +1,55 @@
+"""The logit steps that are plain arithmetic: vLLM's penalties and min_p, as vLLM defines them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from asr_service.engine.logits import apply_penalties, sample_one
+from asr_service.engine.params import DecodeParams
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class FakeRow:
+    params: DecodeParams
+    tokens: list[int] = field(default_factory=list)
+    matcher: None = None
+    generator: None = None
+
+    def text_tokens(self):
+        return None
+
+
+def test_penalties_follow_vllms_definitions():
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, 3.0]])
+    prompt = (0,)
+    neutral = FakeRow(DecodeParams(prompt_ids=prompt, eot_id=4), tokens=[0, 1, 1, 2])
+    unchanged = logits.clone()
+    apply_penalties([neutral], unchanged)
+    assert torch.equal(unchanged, logits)  # neutral values: nothing changes
+
+    row = FakeRow(DecodeParams(prompt_ids=prompt, eot_id=4, repetition_penalty=2.0), tokens=[0, 1, 1, 2])
+    penalised = logits.clone()
+    apply_penalties([row], penalised)
+    # Tokens in the prompt (0) or the output (1, 2): positive logits halved, negative doubled.
+    assert penalised.tolist() == [[1.0, -4.0, 0.5, 0.5, 3.0]]
+
+    row = FakeRow(DecodeParams(prompt_ids=prompt, eot_id=4, frequency_penalty=0.5, presence_penalty=0.25),
+                  tokens=[0, 1, 1, 2])
+    penalised = logits.clone()
+    apply_penalties([row], penalised)
+    # Output tokens only (not the prompt's 0): 1 twice, 2 once.
+    assert penalised.tolist() == [[2.0, -2.0 - 2 * 0.5 - 0.25, 1.0 - 0.5 - 0.25, 0.5, 3.0]]
+
+
+def test_min_p_keeps_only_tokens_near_the_most_likely():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    generator = torch.Generator().manual_seed(0)
+    strict = DecodeParams(prompt_ids=(0,), eot_id=3, temperature=1.0, min_p=0.9)
+    assert {sample_one(logits, strict, generator) for _ in range(50)} == {0}
+    loose = DecodeParams(prompt_ids=(0,), eot_id=3, temperature=1.0, min_p=0.5)  # 0.3 / 0.5 >= 0.5 stays
+    assert {sample_one(logits, loose, generator) for _ in range(200)} == {0, 1}
