@@ -326,9 +326,10 @@ def test_the_standin_answers_what_sglangs_own_code_says(standins):
 @pytest.fixture(scope="module")
 def front(standins, start_server):
     a, b = standins
-    # A failed server stays out 30 s, so what /health says right after a failure is certain.
+    # A failed server stays out 30 s, so what /health says right after a failure is certain. A
+    # deployment moving from SGLang: plain stream=true sends SGLang's chunks.
     return start_server("--engine", "sglang", "--sglang-url", a.url, b.url, "--served-model-name", "whisper-1",
-                        "--sglang-retry-after", "30")
+                        "--sglang-retry-after", "30", "--default-stream-format", "chunk")
 
 
 def test_front_warms_every_backend_and_reports_them(front, standins):
@@ -356,19 +357,27 @@ def test_front_sdk_fused_detection_and_verbose_json(front):
 
 
 def test_front_streams_deltas_and_a_client_that_leaves_aborts_the_decode(front, standins):
+    fox = clip_path("en", "quick_brown_fox").read_bytes()
+    # An SGLang / vLLM client: plain stream=true, choices[0].delta.content (--default-stream-format chunk).
     r = httpx.post(front.url + "/v1/audio/transcriptions", data={"stream": "true"},
-                   files={"file": ("fox.wav", clip_path("en", "quick_brown_fox").read_bytes(), "audio/wav")}, timeout=120)
+                   files={"file": ("fox.wav", fox, "audio/wav")}, timeout=120)
+    chunks = [json.loads(e) for e in sse_events(r)[:-1]]
+    assert all(c["object"] == "transcription.chunk" for c in chunks)
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert "quick brown fox" in content.lower() and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    # An OpenAI SDK client on the same server still gets OpenAI's events by naming them.
+    r = httpx.post(front.url + "/v1/audio/transcriptions", data={"stream": "true", "stream_format": "openai"},
+                   files={"file": ("fox.wav", fox, "audio/wav")}, timeout=120)
     payloads = [json.loads(e) for e in sse_events(r)[:-1]]
     deltas = [p["delta"] for p in payloads if p["type"] == "transcript.text.delta"]
-    assert len(deltas) > 3 and "".join(deltas) == payloads[-1]["text"]
-    assert "quick brown fox" in payloads[-1]["text"].lower()
+    assert len(deltas) > 3 and "".join(deltas) == payloads[-1]["text"] == content
 
     aborted_before = sum(len(s.aborted) for s in standins)
     audio = np.concatenate([load_clip("en", "quick_brown_fox"), load_clip("en", "counting")] * 2)
     with httpx.stream("POST", front.url + "/v1/audio/transcriptions", data={"stream": "true"},
                       files={"file": ("long.wav", wav_bytes(audio), "audio/wav")}, timeout=120) as stream:
         for line in stream.iter_lines():
-            if "transcript.text.delta" in line:
+            if '"content"' in line:
                 break  # leave after the first delta
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
