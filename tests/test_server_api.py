@@ -160,10 +160,12 @@ def test_silence_has_a_true_language_in_the_sdks_types(client):
     """Silence is not a failed detection: verbose_json names the most probable language (the SDK
     types it as a string), with no text."""
     silence = wav_bytes(np.zeros(16000 * 3, np.float32))
-    result = client.audio.transcriptions.create(model="whisper-1", file=("silence.wav", silence),
-                                                response_format="verbose_json")
-    assert isinstance(result.language, str) and result.language and result.text == "" and not result.segments
-    assert 0 < result.model_extra["language_probability"] <= 1
+    noise = wav_bytes((np.random.default_rng(5).standard_normal(16000 * 3) * 0.02).astype(np.float32))
+    for audio in (noise, silence):
+        result = client.audio.transcriptions.create(model="whisper-1", file=("silence.wav", audio),
+                                                    response_format="verbose_json")
+        assert isinstance(result.language, str) and result.language and result.text == "" and not result.segments
+        assert 0 < result.model_extra["language_probability"] <= 1
     translated = client.audio.translations.create(model="whisper-1", file=("silence.wav", silence),
                                                   response_format="verbose_json")
     assert translated.language == "english" and translated.model_extra["source_language"] == result.language
@@ -274,22 +276,25 @@ def test_vllms_sampling_extras_apply(server):
 
 
 def test_the_same_request_gets_the_same_answer(server):
-    """temperature=0 is deterministic, fallback included: a long file of one passage said ten
-    times (repetition is what sends windows to the sampling fallback) gives one answer, run
-    after run, in every format."""
+    """temperature=0 is deterministic, fallback included: a file of one passage said five times
+    (repetition is what sends a window to the sampling fallback) gives one answer, run after run."""
     gap = np.zeros(8000, np.float32)
     passage = np.concatenate([load_clip("en", "quick_brown_fox"), gap, load_clip("en", "counting"), gap,
                               load_clip("en", "hello_world"), gap])
-    audio = wav_bytes(np.concatenate([passage] * 10))
+    audio = wav_bytes(np.concatenate([passage] * 5))  # 42.5 s: two windows
     answers = []
     for _ in range(3):
         r = post(server, {"response_format": "verbose_json"}, {"file": ("ten.wav", audio, "audio/wav")})
         assert r.status_code == 200, r.text
-        answers.append(r.json())
+        body = r.json()
+        # Everything but the float figures (avg_logprob, no_speech_prob): windows batched at other
+        # steps round differently in their last digits (seen: 1e-7), never in the tokens chosen here.
+        answers.append((body["text"], body["language"], [
+            (s["start"], s["end"], s["text"], s["tokens"], s["temperature"], s["language"]) for s in body["segments"]]))
     assert answers[0] == answers[1] == answers[2]
-    assert any(s["temperature"] > 0 for s in answers[0]["segments"])  # a sampled retry was kept, seeded
-    text = answers[0]["text"].lower()
-    assert text.count("quick brown fox") >= 8, text  # none of the passages is lost to a loop
+    assert any(s[4] > 0 for s in answers[0][2])  # a sampled retry was kept, seeded
+    text = answers[0][0].lower()
+    assert text.count("quick brown fox") >= 4, text  # Whisper base drops one repeat in the first window
 
 
 def test_segment_granularity_is_taken_with_every_format_and_in_streams(server):
