@@ -571,18 +571,9 @@ class Transcriber:
         window = audio[: int(self.adapter.config.max_clip_seconds * self.adapter.config.sample_rate)]
         if not window.size:
             return None, None
-        params = replace(self.params_for(replace(options, word_timestamps=False, beam_size=1, temperature=0.0)),
-                         max_new_tokens=1)
-        stream = self.engine.submit(window, params)
-        try:
-            await stream.collect()
-        finally:
-            stream.cancel()
-        probabilities = self.adapter.language_probabilities(stream.result.probe_probs, options.candidate_languages)
-        if not probabilities:
-            return None, None
-        language = max(probabilities, key=probabilities.get)
-        return language, probabilities[language]
+        fused = self.params_for(replace(options, language=None, word_timestamps=False, beam_size=1, temperature=0.0))
+        return await two_stage.most_probable_language(self.engine, self.adapter, window, fused,
+                                                      options.candidate_languages)
 
     def _words(self, outcome: ChunkOutcome) -> list[Word]:
         """The chunk's words, timed within the chunk by DTW over the alignment heads."""

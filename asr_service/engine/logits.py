@@ -37,8 +37,8 @@ def apply_penalties(rows: list[Row], logits: torch.Tensor) -> None:
             seen = torch.tensor(sorted(set(row.tokens)), device=logits.device)
             values = logits[i, seen]
             logits[i, seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-        generated = row.tokens[len(p.prompt_ids):]
-        if generated and (p.frequency_penalty or p.presence_penalty):
+        generated = row.tokens[len(p.prompt_ids):] if p.frequency_penalty or p.presence_penalty else ()
+        if generated:
             ids, counts = torch.tensor(generated, device=logits.device).unique(return_counts=True)
             logits[i, ids] -= p.frequency_penalty * counts.to(logits.dtype) + p.presence_penalty
 

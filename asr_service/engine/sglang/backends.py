@@ -4,9 +4,10 @@ Each decode goes to the live server with the least outstanding work (sequences s
 finished; ties go to the one used least recently), so a slow or busy server gets less. A server
 that fails (connection refused or dropped, a 5xx) is taken out for ``retry_after`` seconds,
 doubling on each failure in a row up to ``max_retry_after``; after that it gets traffic again,
-and its first success puts it back for good. A server gets traffic only once it is admitted: a canary decode (engine.py) has shown
-which way of carrying the prompt it honours (``carrier``) and that it applies the constraint.
-Every failure takes that away, so a server coming back is checked again before it is used.
+and its first success puts it back for good. A server gets traffic only once it is admitted: a
+canary decode (engine.py) has shown which way of carrying the prompt it honours (``carrier``) and
+that it applies the constraint. Every failure takes that away, so a server coming back is checked
+again before it is used.
 """
 
 from __future__ import annotations

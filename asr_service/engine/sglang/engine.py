@@ -200,8 +200,8 @@ class SGLangEngine:
             stream = SequenceStream(asyncio.get_running_loop())
             body = wire.generate_body(f"asr-canary-{uuid.uuid4().hex}", CANARY_AUDIO, canary.params, carrier)
             try:
-                reason, error = await self._generate(backend, body, canary.params, stream,
-                                                     wire.forced_tokens(canary.params, carrier))
+                _, error = await self._generate(backend, body, canary.params, stream,
+                                                wire.forced_tokens(canary.params, carrier))
                 failure = error or canary.failure(stream.result.token_ids)
             except wire.GenerateError as e:
                 failure = f"it refused the canary decode: {e}"
