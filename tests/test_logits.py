@@ -1,4 +1,5 @@
-"""The logit steps that are plain arithmetic: vLLM's penalties and min_p, as vLLM defines them."""
+"""The logit steps that are plain arithmetic: the vocabulary projection's fast form, and vLLM's
+penalties and min_p, as vLLM defines them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from asr_service.engine.logits import apply_penalties, sample_one
+from asr_service.engine.model import tall_projection
 from asr_service.engine.params import DecodeParams
 
 pytestmark = pytest.mark.unit
@@ -22,6 +24,19 @@ class FakeRow:
 
     def text_tokens(self):
         return None
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 33])
+def test_tall_projection_is_the_plain_product(rows):
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(5000, 64, generator=generator)
+    hidden = torch.randn(rows, 64, generator=generator)
+    out = tall_projection(weight, hidden)
+    assert out.shape == (rows, 5000) and out.is_contiguous()
+    torch.testing.assert_close(out, hidden @ weight.T, rtol=1e-5, atol=1e-4)
+    # Each row's logits are its own: the first row alone gives what it gives in the batch,
+    # up to rounding.
+    torch.testing.assert_close(tall_projection(weight, hidden[:1])[0], out[0], rtol=1e-5, atol=1e-4)
 
 
 def test_penalties_follow_vllms_definitions():

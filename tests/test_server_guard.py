@@ -240,6 +240,11 @@ def test_metrics_report_requests_engine_and_detection(server):
         assert line in text, line
     values = {l.split(" ")[0]: float(l.split(" ")[1]) for l in text.splitlines() if l and not l.startswith("#")}
     assert values["asr_decoded_tokens_total"] > 0 and values['asr_batch_size_bucket{le="+Inf"}'] > 0
+    # The engine's time by phase: a transcription encodes, runs decoder steps and projects them.
+    phases = {k.split('"')[1]: v for k, v in values.items() if k.startswith("asr_engine_phase_seconds_total{")}
+    assert set(phases) == {"encoder", "prefill", "decoder_layers", "vocabulary_projection", "logits_pipeline",
+                           "beam_search", "word_alignment"}
+    assert all(phases[p] > 0 for p in ("encoder", "decoder_layers", "vocabulary_projection", "logits_pipeline"))
 
 
 # ---- deadline and shutdown: a server of their own ----

@@ -31,6 +31,7 @@ from .interface import EngineFigures
 from .logits import GrammarMask, apply_penalties, apply_whisper_rules, choose_tokens
 from .model import SharedAudio, Whisper
 from .params import DecodeParams, StepEvent, UnsupportedDecode
+from .phase_clock import PhaseClock
 from .sequence import DecodingSequence
 from .slot_cache import SlotCache
 from .stream import SequenceStream
@@ -70,6 +71,7 @@ class BatchEngine:
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # steps run at each batch size
         self.submitted_total = 0
         self.cancelled_total = 0  # sequences ended by cancel() before they finished
+        self.clock = PhaseClock()
         self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
         self._thread.start()
 
@@ -96,7 +98,8 @@ class BatchEngine:
     def figures(self) -> EngineFigures:
         return EngineFigures(active_sequences=len(self._active), queued_sequences=len(self._pending),
                              submitted_sequences=self.submitted_total, cancelled_sequences=self.cancelled_total,
-                             tokens=self.tokens_total, steps=self.steps, batch_sizes=dict(self.batch_sizes))
+                             tokens=self.tokens_total, steps=self.steps, batch_sizes=dict(self.batch_sizes),
+                             phase_seconds=self.clock.seconds())
 
     @property
     def encoder_windows(self) -> int:
@@ -149,10 +152,11 @@ class BatchEngine:
             return admitted
 
     def _encode_windows(self, audios: list[np.ndarray]) -> torch.Tensor:
-        mel = torch.stack([log_mel_spectrogram(a, self.dims.n_mels) for a in audios]).to(self.device, self.dtype)
-        with torch.autocast(self.device.type, dtype=self.encoder_dtype or torch.bfloat16,
-                            enabled=self.encoder_dtype is not None):
-            return self.model.encoder(mel).to(self.dtype)
+        with self.clock.timing("encoder"):
+            mel = torch.stack([log_mel_spectrogram(a, self.dims.n_mels) for a in audios]).to(self.device, self.dtype)
+            with torch.autocast(self.device.type, dtype=self.encoder_dtype or torch.bfloat16,
+                                enabled=self.encoder_dtype is not None):
+                return self.model.encoder(mel).to(self.dtype)
 
     def _admit(self, seqs: list[DecodingSequence]) -> None:
         first = len(self._active)
@@ -172,9 +176,10 @@ class BatchEngine:
         audio_features = self._encoder.features([s.audio for s in readers])
         self._slots.write_cross(first_audio,
                                 [layer.cross_kv_for(audio_features) for layer in self.model.decoder.layers])
-        for i, seq in enumerate(seqs):
-            self._active.append(seq)
-            self._prefill(first + i, seq)
+        with self.clock.timing("prefill"):
+            for i, seq in enumerate(seqs):
+                self._active.append(seq)
+                self._prefill(first + i, seq)
 
     def _prefill(self, slot: int, seq: DecodingSequence) -> None:
         """Write the KV cache of all prompt tokens but the last (which the next step feeds)."""
@@ -204,8 +209,10 @@ class BatchEngine:
         self._slots.ensure(n, length, in_use=n)
         caches, cross = self._slots.batch_views(n, length, len(self._audio_readers))
         mask = (torch.arange(length, device=self.device)[None, :] <= positions)[:, None, None, :]
-        hidden = self.model.decoder(tokens, positions, caches, cross, mask, self._shared_audio(seqs))
-        return self.model.decoder.logits(hidden[:, 0]).float()
+        with self.clock.timing("decoder_layers"):
+            hidden = self.model.decoder(tokens, positions, caches, cross, mask, self._shared_audio(seqs))
+        with self.clock.timing("vocabulary_projection"):
+            return self.model.decoder.logits(hidden[:, 0]).float()
 
     def _shared_audio(self, seqs: list[DecodingSequence]) -> SharedAudio | None:
         """How the rows map onto audio slots; None when row i reads audio i (no beams)."""
@@ -226,14 +233,15 @@ class BatchEngine:
         self.steps += 1
         self.tokens_total += len(seqs)
         self.batch_sizes[len(seqs)] += 1
-        for i, s in enumerate(seqs):  # the probe reads the raw distribution, before any mask
-            if s.params.probe_ids and s.n_generated == 0 and s.params.probe_index == len(s.params.prompt_ids) - 1:
-                _record_probe(s, logits[i])
-        apply_penalties(seqs, logits)
-        self._grammar_mask(seqs, logits)
-        apply_whisper_rules(seqs, logits)
-        logprobs = torch.log_softmax(logits, dim=-1)
-        chosen = choose_tokens(seqs, logits)
+        with self.clock.timing("logits_pipeline"):
+            for i, s in enumerate(seqs):  # the probe reads the raw distribution, before any mask
+                if s.params.probe_ids and s.n_generated == 0 and s.params.probe_index == len(s.params.prompt_ids) - 1:
+                    _record_probe(s, logits[i])
+            apply_penalties(seqs, logits)
+            self._grammar_mask(seqs, logits)
+            apply_whisper_rules(seqs, logits)
+            logprobs = torch.log_softmax(logits, dim=-1)
+            chosen = choose_tokens(seqs, logits)
         finished: list[tuple[int, str]] = []
         groups: dict[int, BeamGroup] = {}
         for i, s in enumerate(seqs):
@@ -243,8 +251,9 @@ class BatchEngine:
                 reason = self._advance(s, chosen[i], float(logprobs[i, chosen[i]]))
                 if reason:
                     finished.append((i, reason))
-        for group in groups.values():
-            finished += self._advance_beams(group, logprobs)
+        with self.clock.timing("beam_search"):
+            for group in groups.values():
+                finished += self._advance_beams(group, logprobs)
         for i, reason in sorted(finished, reverse=True):
             self._release(i, reason)
 
@@ -327,11 +336,12 @@ class BatchEngine:
         """While the sequence's audio slot still holds the audio's K/V: the alignment heads'
         attention for every generated token of ``all_tokens`` (prompt + generated), from one
         teacher-forced pass (word timing needs it, decoding does not)."""
-        tokens = torch.tensor([all_tokens[:-1]], device=self.device)  # inputs: each position predicts the next token
-        cross = self._slots.audio_views(seq.audio_slot)
-        weights = self.model.decoder.cross_attention(tokens, cross, list(seq.params.alignment_heads))
-        first = len(seq.params.prompt_ids) - 1
-        seq.stream.result.cross_attention = weights[:, first:].float().cpu().numpy()
+        with self.clock.timing("word_alignment"):
+            tokens = torch.tensor([all_tokens[:-1]], device=self.device)  # inputs: each position predicts the next token
+            cross = self._slots.audio_views(seq.audio_slot)
+            weights = self.model.decoder.cross_attention(tokens, cross, list(seq.params.alignment_heads))
+            first = len(seq.params.prompt_ids) - 1
+            seq.stream.result.cross_attention = weights[:, first:].float().cpu().numpy()
 
     def _finish(self, seq: DecodingSequence, reason: str, error: str | None = None) -> None:
         if reason == "cancelled":

@@ -26,7 +26,17 @@ class EngineFigures:
     tokens: int  # decoded in total
     steps: int | None = None  # decode steps run (the embedded engine; SGLang's are its own)
     batch_sizes: dict[int, int] | None = None  # {sequences decoded together: steps} (embedded)
+    # Where the engine thread's time went, in seconds per phase (embedded; see ENGINE_PHASES).
+    phase_seconds: dict[str, float] | None = None
     backends: list[dict] | None = None  # each SGLang server's state (SGLang)
+
+
+# The embedded engine's phases, timed on its thread: encoder passes (with the log-mel), the
+# prompt's prefill, the decoder layers of each step, the vocabulary projection, the logits
+# pipeline (penalties, grammar mask, Whisper's rules, softmax, token choice), beam bookkeeping,
+# and the teacher-forced pass that gives word timing its attention weights.
+ENGINE_PHASES = ("encoder", "prefill", "decoder_layers", "vocabulary_projection", "logits_pipeline", "beam_search",
+                 "word_alignment")
 
 
 class Engine(Protocol):

@@ -204,10 +204,22 @@ class TextDecoder(nn.Module):
         return torch.stack([found[h] for h in heads])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.output_projection is not None:
-            # Quantized linear layers want at least 2-D input.
-            return self.output_projection(hidden.reshape(-1, hidden.shape[-1])).reshape(*hidden.shape[:-1], -1)
-        return hidden @ self.token_embedding.weight.T
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        if self.output_projection is not None:  # quantized linear layers want 2-D input
+            return self.output_projection(rows).reshape(*hidden.shape[:-1], -1)
+        return tall_projection(self.token_embedding.weight, rows).reshape(*hidden.shape[:-1], -1)
+
+
+def tall_projection(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """rows [n, d] @ weight.T ([vocab, d]) as (weight @ rows.T).T: for the few rows of a decode
+    step, CPU BLAS (MKL) runs the product with the vocabulary as its long side several times
+    faster than with the rows as the short side, and a single column slower than two (so one
+    row is given twice; a stride-0 view of it is slow again). bench/decoder_profile.py measures
+    both forms. The sums are the same dot products; only their rounding order may differ, as it
+    already does between batch sizes."""
+    if rows.shape[0] == 1 and rows.device.type == "cpu":
+        return (weight @ torch.cat([rows, rows]).T)[:, :1].T.contiguous()
+    return (weight @ rows.T).T.contiguous()
 
 
 class Whisper(nn.Module):

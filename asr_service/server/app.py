@@ -49,7 +49,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         figures = state.figures()
         if figures is None:
             state.require_ready()  # raises the 503
-        for counter in ("steps", "tokens", "batch_sizes", "submitted_sequences"):  # /metrics has these
+        for counter in ("steps", "tokens", "batch_sizes", "submitted_sequences", "phase_seconds"):  # /metrics has these
             del figures[counter]
         status = backend_status(figures["backends"])
         body = {"status": status, "model": state.settings.model_name, "warmup_variants": state.warmup.variants,

@@ -3,8 +3,8 @@
 Counted as things happen: requests by endpoint and status, their latency, audio seconds
 transcribed, detection outcomes by language, requests refused by backpressure. Read from the
 engine and the server when /metrics is scraped: queue depth, active sequences, batch size per
-decode step, tokens decoded (rate() of it is tokens per second), pending work, realtime
-sessions, warmup time.
+decode step, tokens decoded (rate() of it is tokens per second), the engine's time by phase,
+pending work, realtime sessions, warmup time.
 """
 
 from __future__ import annotations
@@ -75,6 +75,12 @@ class _StateCollector:
         if state["steps"] is not None:  # the embedded engine's own loop (SGLang batches inside its servers)
             yield CounterMetricFamily("asr_decode_steps", "Engine decode steps", value=state["steps"])
             yield _batch_size_histogram(state["batch_sizes"])
+            phases = CounterMetricFamily("asr_engine_phase_seconds", "Engine thread time by phase: encoder, prefill, "
+                                         "decoder_layers, vocabulary_projection, logits_pipeline, beam_search, "
+                                         "word_alignment", labels=["phase"])
+            for phase, seconds in state["phase_seconds"].items():
+                phases.add_metric([phase], seconds)
+            yield phases
 
 
 def _batch_size_histogram(sizes: dict[int, int]) -> HistogramMetricFamily:

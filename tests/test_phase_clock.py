@@ -1,0 +1,40 @@
+"""The engine's phase clock: nested phases are counted once, and the phases add up."""
+
+import time
+
+import pytest
+
+from asr_service.engine.interface import ENGINE_PHASES
+from asr_service.engine.phase_clock import PhaseClock
+
+pytestmark = pytest.mark.unit
+
+
+def test_nested_phase_stops_the_outer_clock():
+    clock = PhaseClock()
+    start = time.perf_counter()
+    with clock.timing("beam_search"):
+        time.sleep(0.05)
+        with clock.timing("word_alignment"):
+            time.sleep(0.1)
+        time.sleep(0.05)
+    total = time.perf_counter() - start
+    seconds = clock.seconds()
+    assert set(seconds) == set(ENGINE_PHASES)
+    assert 0.1 <= seconds["word_alignment"] < 0.1 + 0.05
+    assert 0.1 <= seconds["beam_search"] < 0.1 + 0.05  # the inner 0.1 s is not counted twice
+    assert abs(seconds["beam_search"] + seconds["word_alignment"] - total) < 0.01
+    assert seconds["encoder"] == 0.0
+
+
+def test_a_phase_that_raises_is_still_counted():
+    clock = PhaseClock()
+    try:
+        with clock.timing("encoder"):
+            time.sleep(0.02)
+            raise RuntimeError("engine step failed")
+    except RuntimeError:
+        pass
+    with clock.timing("prefill"):
+        pass
+    assert clock.seconds()["encoder"] >= 0.02 and clock.seconds()["prefill"] < 0.01
