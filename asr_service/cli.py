@@ -22,8 +22,8 @@ from .server.connections import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
 from .server.request_form import STREAM_FORMATS
 
 
-QUANTIZE_HELP = ("int8: dynamic int8 linear layers (fastest on CPU); bf16: encoder matrix products in bfloat16 "
-                 "(for CPUs with AVX512-BF16 or AMX). Both change some transcripts; default: fp32")
+QUANTIZE_HELP = ("int8: dynamic int8 linear layers; bf16: the encoder's and the decoder's matrix products in "
+                 "bfloat16 (for CPUs with AVX512-BF16 or AMX). Both change some transcripts; default: fp32")
 
 
 def _http_url(text: str) -> str:

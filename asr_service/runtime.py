@@ -21,8 +21,9 @@ from .speech_gate import SpeechGate
 from .transcription import Transcriber
 
 
-# "int8": dynamic int8 linear layers everywhere; "bf16": the encoder's matrix products in
-# bfloat16, decoder in fp32 (see BatchEngine). Both are opt-in: each changes some transcripts.
+# "int8": dynamic int8 linear layers everywhere; "bf16": the encoder under bfloat16 autocast and
+# the decoder's linear layers in bfloat16 (engine/quantize.py). Both are opt-in: each changes
+# some transcripts.
 QUANTIZATIONS = ("int8", "bf16")
 ENGINES = ("embedded", "sglang")
 DEVICES = ("cpu", "cuda")
@@ -100,7 +101,11 @@ def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
         # it halves the memory traffic that bounds each decode step.
         loaded.model.to(device="cuda", dtype=torch.float16)
     elif s.quantize == "bf16":
+        from .engine.quantize import bf16_decoder
+
         encoder_dtype = torch.bfloat16
+        bf16_decoder(loaded.model)
+        return_freed_memory()  # the float weights that bfloat16 copies replaced
     elif s.quantize == "int8":
         from .engine.quantize import quantize_int8
 

@@ -1,11 +1,12 @@
 """Where the embedded engine's time goes, so the next speed-up starts from facts.
 
-    python -m bench.decoder_profile [--threads 2] [--out bench/results/profile-DATE.json]
+    python -m bench.decoder_profile [--threads 2] [--quantize bf16|int8] [--out bench/results/profile-DATE.json]
 
-Three parts, one run, the packaged model:
+Three parts, one run, the packaged model (in float32, or as ``--quantize`` makes it):
 1. The vocabulary projection (the largest matrix product of a decode step) for 1-64 rows, in
-   the two forms BLAS can run it: rows @ W.T (the textbook form) and engine/model.py's
-   ``tall_projection``; best of five repeats each.
+   the two float32 forms BLAS can run it: rows @ W.T (the textbook form) and engine/model.py's
+   ``tall_projection``, and the model's own (bfloat16 with ``--quantize bf16``); best of five
+   repeats each.
 2. One decoder step's layers for rows reading their own audio, and beams sharing one
    (cross-attention K/V is what a step reads most).
 3. The engine's phase clock (engine/phase_clock.py) over whole requests: the long-form
@@ -28,7 +29,7 @@ import soundfile as sf
 import torch
 
 from asr_service.engine.model import SharedAudio, tall_projection
-from asr_service.runtime import RuntimeSettings, build_runtime
+from asr_service.runtime import QUANTIZATIONS, RuntimeSettings, build_runtime
 from asr_service.transcription import TranscriptionOptions
 from support.clips import all_clips, load_clip
 from support.dialogue import write
@@ -49,12 +50,16 @@ def best_ms(fn, repeats: int = 5, calls: int = 10) -> float:
     return round(best * 1000, 2)
 
 
-def projection_rows(weight: torch.Tensor) -> list[dict]:
+def projection_rows(decoder) -> list[dict]:
+    """The float32 forms, and the model's own projection (the same as tall_projection unless
+    --quantize replaced it)."""
+    weight = decoder.token_embedding.weight.float()
     rows = []
     for n in PROJECTION_ROWS:
-        hidden = torch.randn(n, weight.shape[1], dtype=weight.dtype)
+        hidden = torch.randn(n, weight.shape[1])
         rows.append({"rows": n, "rows_at_weight_T_ms": best_ms(lambda: hidden @ weight.T),
-                     "tall_projection_ms": best_ms(lambda: tall_projection(weight, hidden))})
+                     "tall_projection_ms": best_ms(lambda: tall_projection(weight, hidden)),
+                     "model_projection_ms": best_ms(lambda: decoder.logits(hidden))})
     return rows
 
 
@@ -104,20 +109,22 @@ async def request_rows(rt) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quantize", choices=QUANTIZATIONS)
     parser.add_argument("--out", type=Path, default=Path(f"bench/results/profile-{datetime.date.today()}.json"))
     args = parser.parse_args()
-    rt = build_runtime(RuntimeSettings(threads=args.threads))
+    rt = build_runtime(RuntimeSettings(threads=args.threads, quantize=args.quantize))
     decoder = rt.engine.model.decoder
     with torch.inference_mode():
         report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "threads": args.threads,
-                  "projection": projection_rows(decoder.token_embedding.weight),
+                  "quantize": args.quantize,
+                  "projection": projection_rows(decoder),
                   "decoder_step": decoder_step_rows(decoder, rt.engine.dims)}
     report["requests"] = asyncio.run(request_rows(rt))
     rt.close()
     args.out.write_text(json.dumps(report, indent=1))
-    print("| rows | rows @ W.T ms | tall_projection ms |\n|---|---|---|")
+    print("| rows | rows @ W.T ms | tall_projection ms | the model's projection ms |\n|---|---|---|---|")
     for r in report["projection"]:
-        print(f"| {r['rows']} | {r['rows_at_weight_T_ms']} | {r['tall_projection_ms']} |")
+        print(f"| {r['rows']} | {r['rows_at_weight_T_ms']} | {r['tall_projection_ms']} | {r['model_projection_ms']} |")
     print("\n| rows | audios | decoder layers ms |\n|---|---|---|")
     for r in report["decoder_step"]:
         print(f"| {r['rows']} | {r['audios']} | {r['decoder_layers_ms']} |")

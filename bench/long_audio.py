@@ -1,6 +1,6 @@
 """Long audio, scored against its truth: every system, every response format, one run.
 
-    python -m bench.long_audio [--files clean noisy monologue] [--out bench/results/long-audio-DATE.json]
+    python -m bench.long_audio [--files clean noisy monologue] [--quantize bf16|int8] [--out bench/results/long-audio-DATE.json]
 
 The workloads are support/dialogue.py's conversation, clean and noisy, and its monologue (made
 on the spot). Systems: this service over HTTP in json, verbose_json (with word times), srt
@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import soundfile as sf
 
+from asr_service.runtime import QUANTIZATIONS
 from support.dialogue import Utterance, crossings, read_truth, write
 from support.packaged_model import ctranslate2_dir
 from support.server_process import ServerProcess
@@ -83,6 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--files", nargs="+", default=list(FILES), choices=FILES)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, help="the service's --quantize (rows say so)")
     parser.add_argument("--out", type=Path, default=Path(f"bench/results/long-audio-{datetime.date.today()}.json"))
     args = parser.parse_args()
     paths = write(Path(tempfile.mkdtemp(prefix="long-audio-")), monologue=True)
@@ -91,11 +93,13 @@ def main() -> None:
               "files": {name: {"seconds": round(sf.info(paths[name]).duration, 1), "utterances": len(truth),
                                "across_30s_marks": crossings(truth)} for name, truth in truths.items()},
               "rows": {}}
-    server = ServerProcess("--threads", str(args.threads))
+    quantize = ["--quantize", args.quantize] if args.quantize else []
+    service = " ".join(["service", *quantize])
+    server = ServerProcess("--threads", str(args.threads), *quantize)
     try:
         server.wait_ready()
         for name, truth in truths.items():
-            report["rows"][name] = {f"service {fmt}": row for fmt, row in service_rows(server.url, paths[name], truth).items()}
+            report["rows"][name] = {f"{service} {fmt}": row for fmt, row in service_rows(server.url, paths[name], truth).items()}
     finally:
         server.stop()
     for name, truth in truths.items():

@@ -68,6 +68,54 @@ async def test_sequences_decode_the_same_alone_and_beside_beam_searches(runtime)
     assert engine.figures().active_sequences == 0
 
 
+# Clips of several lengths and languages, for the batch-independence checks below.
+BATCH_CLIPS = [("en", "quick_brown_fox"), ("fr", "pangrama"), ("en", "counting"), ("pt", "pangrama"),
+               ("ja", "pangrama"), ("en", "hello_world")]
+
+
+@pytest.fixture(scope="module")
+def bf16_runtime():
+    from asr_service.runtime import RuntimeSettings, build_runtime
+
+    rt = build_runtime(RuntimeSettings(device="cpu", threads=2, quantize="bf16"))
+    yield rt
+    rt.close()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+async def test_a_sequences_decode_does_not_depend_on_its_batch(precision, request):
+    """The same decodes alone, all together, in reverse order and in pairs give the same tokens.
+
+    With --quantize bf16 the log-probabilities are the same bit for bit as well: oneDNN's
+    bfloat16 products, the decoder's attention as plain products and its span rounded to whole
+    blocks (engine/model.py, batch_engine.py) round a row alike in any batch. In float32, BLAS
+    rounds a row's last digits differently at other batch sizes, so only tokens are compared.
+    Beside a beam search (whose rows share their audio) only float32 is checked, for tokens:
+    there the shared cross-attention multiplies several queries at once, which in bfloat16 can
+    round a neighbour differently enough to change a near-tie."""
+    rt = request.getfixturevalue("runtime" if precision == "fp32" else "bf16_runtime")
+    engine = rt.engine
+    audios = [load_clip(*c) for c in BATCH_CLIPS]
+    kinds = [rt.adapter.build_fused_autodetect_params(), rt.adapter.build_fused_autodetect_params(timestamps=True)]
+    work = [(audio, kinds[i % 2]) for i, audio in enumerate(audios)]
+
+    async def decode(batch):
+        return await asyncio.gather(*(engine.submit(audio, params).collect() for audio, params in batch))
+
+    alone = [(await decode([w]))[0] for w in work]
+    assert all(r.finish_reason == "stop" for r in alone)
+    for batch in [work, work[::-1], *[work[i:i + 2] for i in range(0, len(work), 2)]]:
+        for (audio, _), result in zip(batch, await decode(batch)):
+            expected = alone[next(i for i, w in enumerate(work) if w[0] is audio)]
+            assert result.token_ids == expected.token_ids
+            if precision == "bf16":
+                assert result.logprobs == expected.logprobs
+    if precision == "fp32":
+        beams = (load_clip("es", "pangrama"), replace(kinds[0], beam_size=4))
+        beside = await decode([beams, *work[:3]])
+        assert [r.token_ids for r in beside[1:]] == [r.token_ids for r in alone[:3]]
+
+
 @pytest.mark.parametrize("quantize", ["int8", "bf16"])
 def test_reduced_precision_engine_still_transcribes(quantize):
     """--quantize int8 (quantized linear layers) and bf16 (bfloat16 encoder): same pipeline."""

@@ -38,6 +38,8 @@ from .stream import SequenceStream
 
 log = logging.getLogger(__name__)
 
+SELF_ATTENTION_BLOCK = 64  # positions (see _forward)
+
 
 class BatchEngine:
     name = "embedded"
@@ -46,12 +48,11 @@ class BatchEngine:
     # One encoder window per admission by default: on the CPU the encoder is compute-bound, so
     # stacking windows gains nothing and multiplies activation memory.
     # encoder_dtype=torch.bfloat16 runs the encoder's matrix products in bfloat16 (autocast);
-    # the decoder stays in the weights' precision.
+    # the decoder runs its layers as they are (engine/quantize.py may have made them bfloat16).
     def __init__(self, model: Whisper, max_batch_size: int = 16, max_encode_batch: int = 1, threads: int | None = None,
                  encoder_dtype: torch.dtype | None = None):
         self.model = model
-        weight = model.decoder.token_embedding.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        self.device, self.dtype = model.decoder.positions.device, model.activation_dtype
         self.encoder_dtype = encoder_dtype
         self.dims = model.dims
         self.max_batch_size = max_batch_size
@@ -205,7 +206,11 @@ class BatchEngine:
         n = len(seqs)
         positions = torch.tensor([[len(s.tokens) - 1] for s in seqs], device=self.device)
         tokens = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.device)
-        length = max(len(s.tokens) for s in seqs)
+        # The self-attention span, rounded up to whole blocks: BLAS sums the attention weights
+        # times the values in another order for a span of another length, except between whole
+        # blocks, so a sequence's result would otherwise move with the longest one beside it.
+        longest = max(len(s.tokens) for s in seqs)
+        length = min(self.dims.n_text_ctx, -(-longest // SELF_ATTENTION_BLOCK) * SELF_ATTENTION_BLOCK)
         self._slots.ensure(n, length, in_use=n)
         caches, cross = self._slots.batch_views(n, length, len(self._audio_readers))
         mask = (torch.arange(length, device=self.device)[None, :] <= positions)[:, None, None, :]

@@ -59,14 +59,29 @@ class SharedAudio:
     rows_per_audio: int  # the most rows any audio has
 
 
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) | mask) v as plain matrix products: the decoder's attention.
+
+    Why not F.scaled_dot_product_attention: its CPU kernel splits the work differently by batch
+    size, so a row's result changes in its last digits with the batch around it. These products
+    round each row alike in any batch, and at any key span that is a whole number of 64-position
+    blocks (masked keys add exact zeros; the engine rounds the span up: batch_engine._forward),
+    which keeps a sequence's result its own. For the one-query steps of decoding they are no
+    slower. The encoder (one window, 1500 queries) keeps the fused kernel."""
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # scaled first: no overflow in float16
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
 def _cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shared: SharedAudio | None) -> torch.Tensor:
     """q [rows, H, T, hd] against k/v [audios, H, frames, hd]: one audio per row, or as
     ``shared`` says (then T is 1)."""
     if shared is None:
-        return F.scaled_dot_product_attention(q, k, v)
+        return _attention(q, k, v)
     grouped = q.new_zeros(k.shape[0], q.shape[1], shared.rows_per_audio, q.shape[-1])
     grouped[shared.audio, :, shared.rank] = q[:, :, 0]
-    return F.scaled_dot_product_attention(grouped, k, v)[shared.audio, :, shared.rank].unsqueeze(2)
+    return _attention(grouped, k, v)[shared.audio, :, shared.rank].unsqueeze(2)
 
 
 class EncoderLayer(nn.Module):
@@ -151,7 +166,7 @@ class DecoderLayer(nn.Module):
         idx = write_index[:, None, :, None].expand(-1, h, -1, k.shape[-1])
         self_k.scatter_(2, idx, k)
         self_v.scatter_(2, idx, v)
-        a = F.scaled_dot_product_attention(q, self_k, self_v, attn_mask=attn_mask)
+        a = _attention(q, self_k, self_v, attn_mask)
         x = x + self.self_out(_merge_heads(a))
         q = _split_heads(self.cross_q(self.cross_ln(x)), h)
         a = _cross_attention(q, cross_k, cross_v, shared)
@@ -228,3 +243,9 @@ class Whisper(nn.Module):
         self.dims = dims
         self.encoder = AudioEncoder(dims)
         self.decoder = TextDecoder(dims)
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The precision of activations and caches: the model's, unless reduced-precision layers
+        (engine/quantize.py) keep their weights in another."""
+        return self.decoder.positions.dtype

@@ -1,10 +1,17 @@
-"""Optional int8 dynamic quantization of the linear layers (CPU).
+"""Reduced precision on the CPU, opt-in (``--quantize``): int8 or bfloat16 linear layers.
 
-It speeds up the encoder and the vocabulary projection of every decode step on the CPU (figures
-in docs/performance.md). Activations stay float; weights are
-int8 with one scale per output channel (fbgemm dynamic linear). Its WER cost is measured in
-bench/. torch.ao.quantization is deprecated upstream in favour of torchao but
-still ships in torch 2.x; it is used here because it needs nothing beyond torch.
+int8: dynamic quantization of every linear layer (fbgemm). Weights are int8 with one scale per
+output channel; activations take one scale per tensor, i.e. per batch, so a sequence's result
+depends on what it is batched with. torch.ao.quantization is deprecated upstream in favour of
+torchao but still ships in torch 2.x; it is used because it needs nothing beyond torch.
+
+bf16: the decoder's linear layers and its vocabulary projection keep their weights in bfloat16
+(kept once: the token embedding shares the projection's table) and multiply in bfloat16 with
+float32 accumulation (oneDNN, fast on CPUs with AVX512-BF16 or AMX); activations, layer norms,
+attention and the caches stay float32. With the decoder's attention written as plain products
+(engine/model.py), a sequence decoded this way gets the same log-probabilities bit for bit
+whatever it is batched with (tests/test_engine.py), which float32 BLAS does not give. The encoder
+runs under bfloat16 autocast (BatchEngine's encoder_dtype). Their WER is measured in bench/.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .model import Whisper
@@ -26,3 +34,41 @@ def quantize_int8(model: Whisper) -> Whisper:
         # Per output channel, as CTranslate2 quantizes: per-tensor scales cost real WER here.
         qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
         return torch.ao.quantization.quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+
+
+class Bf16Linear(nn.Module):
+    """A linear layer multiplying in bfloat16: bfloat16 weight, input rounded to bfloat16, the
+    product returned in the input's precision; the bias (if any) is added there, in float32.
+
+    oneDNN's product rounds a row the same for any number of rows from two on; a lone row goes
+    through another kernel that can round differently, so it is given twice."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().to(torch.bfloat16), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        if rows.shape[0] == 1:
+            out = F.linear(torch.cat([rows, rows]), self.weight)[:1]
+        else:
+            out = F.linear(rows, self.weight)
+        out = out.to(x.dtype).reshape(*x.shape[:-1], -1)
+        return out if self.bias is None else out + self.bias
+
+
+def bf16_decoder(model: Whisper) -> Whisper:
+    decoder = model.decoder
+    for layer in decoder.layers:
+        for name in ("self_qkv", "self_out", "cross_q", "cross_kv", "cross_out"):
+            setattr(layer, name, _bf16(getattr(layer, name)))
+        layer.mlp.fc1, layer.mlp.fc2 = _bf16(layer.mlp.fc1), _bf16(layer.mlp.fc2)
+    projection = Bf16Linear(decoder.token_embedding.weight, None)
+    decoder.token_embedding.weight = projection.weight  # one bfloat16 table for both
+    decoder.output_projection = projection
+    return model
+
+
+def _bf16(linear: nn.Linear) -> Bf16Linear:
+    return Bf16Linear(linear.weight, linear.bias)
