@@ -21,8 +21,8 @@ def test_nested_phase_stops_the_outer_clock():
     total = time.perf_counter() - start
     seconds = clock.seconds()
     assert set(seconds) == set(ENGINE_PHASES)
-    assert 0.1 <= seconds["word_alignment"] < 0.1 + 0.05
-    assert 0.1 <= seconds["beam_search"] < 0.1 + 0.05  # the inner 0.1 s is not counted twice
+    assert seconds["word_alignment"] >= 0.1 and seconds["beam_search"] >= 0.1
+    # Together they are the time spent, so the inner 0.1 s was not counted in both.
     assert abs(seconds["beam_search"] + seconds["word_alignment"] - total) < 0.01
     assert seconds["encoder"] == 0.0
 
@@ -37,4 +37,4 @@ def test_a_phase_that_raises_is_still_counted():
         pass
     with clock.timing("prefill"):
         pass
-    assert clock.seconds()["encoder"] >= 0.02 and clock.seconds()["prefill"] < 0.01
+    assert clock.seconds()["encoder"] >= 0.02 and clock.seconds()["prefill"] < clock.seconds()["encoder"]

@@ -14,6 +14,8 @@ from typing import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from ..engine.interface import ENGINE_PHASES
+
 # Route templates that get their own label; anything else (404s, probes) counts as "other".
 ENDPOINTS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations", "/v1/models", "/v1/realtime",
                        "/health", "/metrics", "/"})
@@ -75,9 +77,8 @@ class _StateCollector:
         if state["steps"] is not None:  # the embedded engine's own loop (SGLang batches inside its servers)
             yield CounterMetricFamily("asr_decode_steps", "Engine decode steps", value=state["steps"])
             yield _batch_size_histogram(state["batch_sizes"])
-            phases = CounterMetricFamily("asr_engine_phase_seconds", "Engine thread time by phase: encoder, prefill, "
-                                         "decoder_layers, vocabulary_projection, logits_pipeline, beam_search, "
-                                         "word_alignment", labels=["phase"])
+            phases = CounterMetricFamily("asr_engine_phase_seconds", "Engine thread time by phase: "
+                                         + ", ".join(ENGINE_PHASES), labels=["phase"])
             for phase, seconds in state["phase_seconds"].items():
                 phases.add_metric([phase], seconds)
             yield phases
