@@ -118,7 +118,8 @@ async def test_a_sequences_decode_does_not_depend_on_its_batch(precision, reques
 
 @pytest.mark.parametrize("quantize", ["int8", "bf16"])
 def test_reduced_precision_engine_still_transcribes(quantize):
-    """--quantize int8 (quantized linear layers) and bf16 (bfloat16 encoder): same pipeline."""
+    """--quantize int8 (quantized linear layers) and bf16 (bfloat16 matrix products in the encoder
+    and the decoder): same pipeline."""
     from asr_service.runtime import RuntimeSettings, build_runtime
     from asr_service.transcription import TranscriptionOptions
 

@@ -22,8 +22,8 @@ def test_nested_phase_stops_the_outer_clock():
     seconds = clock.seconds()
     assert set(seconds) == set(ENGINE_PHASES)
     assert seconds["word_alignment"] >= 0.1 and seconds["beam_search"] >= 0.1
-    # Together they are the time spent, so the inner 0.1 s was not counted in both.
-    assert abs(seconds["beam_search"] + seconds["word_alignment"] - total) < 0.01
+    # Together they are at most the time spent: the inner 0.1 s was not counted in both.
+    assert 0.2 <= seconds["beam_search"] + seconds["word_alignment"] <= total
     assert seconds["encoder"] == 0.0
 
 
