@@ -22,8 +22,9 @@ from .server.connections import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
 from .server.request_form import STREAM_FORMATS
 
 
-QUANTIZE_HELP = ("int8: dynamic int8 linear layers; bf16: the encoder's and the decoder's matrix products in "
-                 "bfloat16 (for CPUs with AVX512-BF16 or AMX). Both change some transcripts; default: fp32")
+QUANTIZE_HELP = ("auto (default): bf16 where the CPU has AVX512-BF16 or AMX, else none; bf16: the encoder's and "
+                 "the decoder's matrix products in bfloat16; none: float32; int8: dynamic int8 linear layers "
+                 "(a sequence's result then depends on its batch)")
 
 
 def _http_url(text: str) -> str:
@@ -76,7 +77,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="packaged model name or model directory")
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
-    p.add_argument("--quantize", choices=QUANTIZATIONS, help=QUANTIZE_HELP)
+    p.add_argument("--quantize", choices=QUANTIZATIONS, default="auto", help=QUANTIZE_HELP)
     p.add_argument("--device", choices=DEVICES, help="where the embedded engine runs (default: cuda when "
                                                      "torch sees a GPU, else cpu); float16 on cuda")
     p.add_argument("--engine", choices=ENGINES, default="embedded",

@@ -21,10 +21,11 @@ from .speech_gate import SpeechGate
 from .transcription import Transcriber
 
 
-# "int8": dynamic int8 linear layers everywhere; "bf16": the encoder under bfloat16 autocast and
-# the decoder's linear layers in bfloat16 (engine/quantize.py). Both are opt-in: each changes
-# some transcripts.
-QUANTIZATIONS = ("int8", "bf16")
+# "bf16": the encoder under bfloat16 autocast and the decoder's linear layers in bfloat16
+# (engine/quantize.py); "int8": dynamic int8 linear layers everywhere (opt-in: a sequence's result
+# then depends on its batch); "none": float32. "auto", the default, is bf16 where the CPU multiplies
+# bfloat16 in hardware and none elsewhere (see cpu_has_native_bf16).
+QUANTIZATIONS = ("auto", "none", "bf16", "int8")
 ENGINES = ("embedded", "sglang")
 DEVICES = ("cpu", "cuda")
 
@@ -36,7 +37,7 @@ class RuntimeSettings:
     model: str = DEFAULT_MODEL
     engine: str = "embedded"  # or "sglang": decodes go to sglang_urls
     device: str | None = None  # None: cuda when torch sees a GPU, else cpu
-    quantize: str | None = None  # see QUANTIZATIONS
+    quantize: str = "auto"  # see QUANTIZATIONS
     threads: int | None = None  # torch threads (None: all cores)
     max_batch_size: int = 16  # sequences the embedded engine decodes together
     sglang_urls: tuple[str, ...] = ()
@@ -45,6 +46,7 @@ class RuntimeSettings:
 
 @dataclass
 class Runtime:
+    precision: str  # what "auto" resolved to: none / bf16 / int8 on the CPU, float16 on CUDA, remote with SGLang
     loaded: LoadedModel
     adapter: WhisperAdapter
     engine: Engine
@@ -58,7 +60,22 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _check_choices(engine: str, sglang_urls, device: str, quantize: str | None) -> str:
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: there oneDNN multiplies bfloat16 several times faster than float32
+    (bench/decoder_profile.py, docs/performance.md); without them it emulates bfloat16 and gains
+    nothing. torch.cpu's checks are private but are what torch's own CPU dispatch consults."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def resolve_precision(quantize: str, device: str) -> str:
+    if device == "cuda":
+        return "float16"
+    if quantize == "auto":
+        return "bf16" if cpu_has_native_bf16() else "none"
+    return quantize
+
+
+def _check_choices(engine: str, sglang_urls, device: str, quantize: str) -> str:
     """Refuse a bad combination before the model is loaded (seconds) rather than after."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; supported: {', '.join(ENGINES)}")
@@ -66,12 +83,12 @@ def _check_choices(engine: str, sglang_urls, device: str, quantize: str | None) 
         raise ValueError("--engine sglang needs at least one --sglang-url")
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; supported: {', '.join(DEVICES)}")
-    if quantize is not None and quantize not in QUANTIZATIONS:
+    if quantize not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantize!r}; supported: {', '.join(QUANTIZATIONS)}")
     if engine == "embedded" and device == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: torch sees no CUDA device (is this a CUDA build of torch?)")
-        if quantize is not None:
+        if quantize != "auto":
             raise ValueError("--quantize is for the CPU engine; on CUDA the model runs in float16")
     return device
 
@@ -94,19 +111,20 @@ def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
 
         remote = SGLangEngine(list(s.sglang_urls), decoder_start_id=adapter.tok.sot, canaries=sglang_canaries(adapter),
                               retry_after_s=s.sglang_retry_after_s)
-        return Runtime(loaded, adapter, remote, Transcriber(remote, adapter, SpeechGate()))
+        return Runtime("remote", loaded, adapter, remote, Transcriber(remote, adapter, SpeechGate()))
+    precision = resolve_precision(s.quantize, device)
     encoder_dtype = None
     if device == "cuda":
         # Half precision on the GPU, as openai/whisper and faster-whisper decode there by default:
         # it halves the memory traffic that bounds each decode step.
         loaded.model.to(device="cuda", dtype=torch.float16)
-    elif s.quantize == "bf16":
+    elif precision == "bf16":
         from .engine.quantize import bf16_decoder
 
         encoder_dtype = torch.bfloat16
         bf16_decoder(loaded.model)
         return_freed_memory()  # the float weights that bfloat16 copies replaced
-    elif s.quantize == "int8":
+    elif precision == "int8":
         from .engine.quantize import quantize_int8
 
         quantize_int8(loaded.model)
@@ -114,4 +132,4 @@ def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
     # Threads: all cores by default; more processes or threads than cores only add contention.
     batch = BatchEngine(loaded.model, max_batch_size=s.max_batch_size, threads=s.threads or os.cpu_count(),
                         encoder_dtype=encoder_dtype)
-    return Runtime(loaded, adapter, batch, Transcriber(batch, adapter, SpeechGate()))
+    return Runtime(precision, loaded, adapter, batch, Transcriber(batch, adapter, SpeechGate()))

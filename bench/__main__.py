@@ -85,6 +85,7 @@ def main() -> None:
 
     top = 8 if 8 in levels else levels[-1]  # the targets compare throughput at 8 clients
     fused = Service("service-fused")
+    default_precision = fused.precision
     for c in levels:
         rows.append(measure(fused, "short", short, c, detect=True))
     rows.append(measure(fused, "long", long, 1, detect=True))
@@ -97,12 +98,13 @@ def main() -> None:
     print(f"  streaming 60 s: first delta {first:.2f}s, stream end {full_stream:.2f}s, non-stream {full:.2f}s", flush=True)
     fused.stop()
 
-    for precision in ("int8", "bf16"):
-        reduced = Service(f"service-fused-{precision}", "--quantize", precision)
+    # The default (--quantize auto: bf16 where the CPU has AVX512-BF16 or AMX) against float32 and int8.
+    for name, quantize in (("fp32", "none"), ("int8", "int8")):
+        reduced = Service(f"service-fused-{name}", "--quantize", quantize)
         rows += [measure(reduced, "short", short, c, detect=True) for c in levels]
         rows.append(measure(reduced, "long", long, 1, detect=True))
         reduced.stop()
-    # The detection ratios compare like with like (fp32), at the top concurrency.
+    # The detection ratios compare like with like (the default precision), at the top concurrency.
     fixed = Service("service-fixed", fixed_language=True)
     rows += [measure(fixed, "short", short, c, detect=False) for c in (levels if not args.quick else [top])]
     fixed.stop()
@@ -140,6 +142,7 @@ def main() -> None:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
         "command": "python -m bench" + (" --quick" if args.quick else "") + (f" --levels {args.levels}" if args.levels else ""),
+        "default_precision": default_precision,
         "rows": [r.as_dict() for r in rows],
         "streaming": streaming,
         "encoder": encoder,

@@ -72,7 +72,7 @@ def decoder_step_rows(decoder, dims) -> list[dict]:
         cross = [tuple(torch.randn(audios, dims.n_text_head, dims.n_audio_ctx, head_dim) for _ in "kv")
                  for _ in range(dims.n_text_layer)]
         per = n // audios
-        shared = None if per == 1 else SharedAudio(torch.arange(n) // per, torch.arange(n) % per, per)
+        shared = None if per == 1 else SharedAudio.from_slots([row // per for row in range(n)])
         positions = torch.full((n, 1), SELF_POSITIONS // 2)
         tokens = torch.full((n, 1), 400)
         mask = (torch.arange(SELF_POSITIONS)[None, :] <= positions)[:, None, None, :]

@@ -53,6 +53,7 @@ class Service:
         self.server = ServerProcess("--threads", str(os.cpu_count()), *server_args)
         self.server.wait_ready()
         self.pid = self.server.proc.pid
+        self.precision = httpx.get(self.server.url + "/health").json()["precision"]  # what --quantize resolved to
 
     async def _one(self, client: httpx.AsyncClient, r: Request) -> Outcome:
         data = {"response_format": "verbose_json"}

@@ -74,43 +74,58 @@ BATCH_CLIPS = [("en", "quick_brown_fox"), ("fr", "pangrama"), ("en", "counting")
 
 
 @pytest.fixture(scope="module")
-def bf16_runtime():
+def runtime_of(runtime):
+    """The session's runtime (the default precision) and, built here, the others."""
     from asr_service.runtime import RuntimeSettings, build_runtime
 
-    rt = build_runtime(RuntimeSettings(device="cpu", threads=2, quantize="bf16"))
-    yield rt
-    rt.close()
+    built = {}
+
+    def get(quantize: str):
+        if quantize == runtime.precision:
+            return runtime
+        if quantize not in built:
+            built[quantize] = build_runtime(RuntimeSettings(device="cpu", threads=2, quantize=quantize))
+        return built[quantize]
+
+    yield get
+    for rt in built.values():
+        rt.close()
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-async def test_a_sequences_decode_does_not_depend_on_its_batch(precision, request):
-    """The same decodes alone, all together, in reverse order and in pairs give the same tokens.
+@pytest.mark.parametrize("precision", ["none", "bf16"])
+async def test_a_sequences_decode_does_not_depend_on_its_batch(precision, runtime_of):
+    """The same decodes alone, all together, in reverse order, in pairs and beside beam searches
+    give the same tokens; so does a beam search beside other work.
 
-    With --quantize bf16 the log-probabilities are the same bit for bit as well: oneDNN's
-    bfloat16 products, the decoder's attention as plain products and its span rounded to whole
-    blocks (engine/model.py, batch_engine.py) round a row alike in any batch. In float32, BLAS
-    rounds a row's last digits differently at other batch sizes, so only tokens are compared.
-    Beside a beam search (whose rows share their audio) only float32 is checked, for tokens, by
-    test_sequences_decode_the_same_alone_and_beside_beam_searches: there the shared
-    cross-attention multiplies several queries at once, which in bfloat16 can round a neighbour
-    differently enough to change a near-tie."""
-    rt = request.getfixturevalue("runtime" if precision == "fp32" else "bf16_runtime")
+    With bf16 the log-probabilities are the same bit for bit as well: oneDNN's bfloat16 products,
+    the decoder's attention as plain products over a span of whole blocks, and the shared
+    cross-attention of beams multiplied per run of equal reader counts (engine/model.py,
+    batch_engine.py) round a row alike in any batch. In float32, BLAS rounds a row's last digits
+    differently at other batch sizes, so only tokens are compared."""
+    rt = runtime_of(precision)
     engine = rt.engine
     audios = [load_clip(*c) for c in BATCH_CLIPS]
     kinds = [rt.adapter.build_fused_autodetect_params(), rt.adapter.build_fused_autodetect_params(timestamps=True)]
     work = [(audio, kinds[i % 2]) for i, audio in enumerate(audios)]
+    searches = [(audios[1], replace(kinds[0], beam_size=3)), (audios[2], replace(kinds[1], beam_size=5))]
 
     async def decode(batch):
         return await asyncio.gather(*(engine.submit(audio, params).collect() for audio, params in batch))
 
+    def check(result, expected):
+        assert result.token_ids == expected.token_ids
+        if precision == "bf16":
+            assert result.logprobs == expected.logprobs
+
     alone = [(await decode([w]))[0] for w in work]
-    assert all(r.finish_reason == "stop" for r in alone)
+    searched_alone = [(await decode([s]))[0] for s in searches]
+    assert all(r.finish_reason == "stop" for r in alone + searched_alone)
     for batch in [work, work[::-1], *[work[i:i + 2] for i in range(0, len(work), 2)]]:
         for (audio, _), result in zip(batch, await decode(batch)):
-            expected = alone[next(i for i, w in enumerate(work) if w[0] is audio)]
-            assert result.token_ids == expected.token_ids
-            if precision == "bf16":
-                assert result.logprobs == expected.logprobs
+            check(result, alone[next(i for i, w in enumerate(work) if w[0] is audio)])
+    beside_searches = await decode([searches[0], *work[:3], searches[1], *work[3:]])
+    for result, expected in zip(beside_searches, [searched_alone[0], *alone[:3], searched_alone[1], *alone[3:]]):
+        check(result, expected)
 
 
 @pytest.mark.parametrize("quantize", ["int8", "bf16"])

@@ -50,26 +50,32 @@ def _decoder_logits(model, mel, tokens):
     return model.decoder.logits(hidden)[0]
 
 
-def test_ctranslate2_directory_loads_the_same_weights(tmp_path, runtime):
+@pytest.fixture(scope="module")
+def packaged():
+    """The packaged model as loaded, in float32 (the runtime's may be in reduced precision)."""
+    return load_model()
+
+
+def test_ctranslate2_directory_loads_the_same_weights(tmp_path, packaged):
     """A faster-whisper style directory (one model.bin) gives the packaged model back."""
     loaded = load_model(ctranslate2_dir(tmp_path))
-    ours = runtime.loaded.model.state_dict()
+    ours = packaged.model.state_dict()
     for name, tensor in loaded.model.state_dict().items():
         assert torch.equal(tensor, ours[name]), name
-    assert loaded.alignment_heads == runtime.loaded.alignment_heads
+    assert loaded.alignment_heads == packaged.alignment_heads
 
 
-def test_hf_directory_loads_and_our_model_matches_transformers(tmp_path, runtime):
+def test_hf_directory_loads_and_our_model_matches_transformers(tmp_path, runtime, packaged):
     """Write the packaged weights as an HF checkpoint with transformers, load it back with our
     loader, and check our torch Whisper against transformers' reference implementation."""
     transformers = pytest.importorskip("transformers")
-    ours = runtime.loaded.model
+    ours = packaged.model
     d = ours.dims
     hf = transformers.WhisperForConditionalGeneration(hf_config(d)).eval()
     missing, unexpected = hf.load_state_dict(to_hf_state_dict(ours), strict=False)
     assert not unexpected and not [m for m in missing if "embed_positions" not in m]
     hf.save_pretrained(tmp_path)
-    shutil.copy(runtime.loaded.tokenizer_file, tmp_path)
+    shutil.copy(packaged.tokenizer_file, tmp_path)
 
     loaded = load_model(str(tmp_path))
     mel = log_mel_spectrogram(load_clip("en", "hello_world"), d.n_mels)

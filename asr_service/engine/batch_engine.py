@@ -224,13 +224,7 @@ class BatchEngine:
         audio = [s.audio_slot for s in seqs]
         if len(self._audio_readers) == len(seqs) and audio == list(range(len(seqs))):
             return None
-        seen: collections.Counter[int] = collections.Counter()
-        rank = []
-        for a in audio:
-            rank.append(seen[a])
-            seen[a] += 1
-        return SharedAudio(torch.tensor(audio, device=self.device), torch.tensor(rank, device=self.device),
-                           max(seen.values()))
+        return SharedAudio.from_slots(audio, self.device)
 
     def _step(self) -> None:
         seqs = self._active

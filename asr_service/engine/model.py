@@ -50,13 +50,44 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class AudioRun:
+    """Consecutive audio slots ``first`` .. ``first + audios - 1``, each read by exactly
+    ``rows_per_audio`` rows; ``rows`` [audios * rows_per_audio] lists those rows audio by audio,
+    each audio's rows in their rank order."""
+    first: int
+    audios: int
+    rows_per_audio: int
+    rows: torch.Tensor
+
+
+@dataclass(frozen=True)
 class SharedAudio:
-    """Rows that read the same audio's cross-attention K/V (the beams of one search), for a
-    one-token step: row i's query becomes query ``rank[i]`` of audio ``audio[i]``, so each
-    audio's K/V (the largest thing a step reads) is read once for all its rows."""
-    audio: torch.Tensor  # [rows] the audio slot each row reads
-    rank: torch.Tensor  # [rows] the row's place among that audio's rows
-    rows_per_audio: int  # the most rows any audio has
+    """How a one-token step's rows map onto audio slots when they are not one audio per row
+    (the beams of a search share their window's cross-attention K/V, the largest thing a step
+    reads, so it is read once for all of them).
+
+    The slots are cut into runs of equal reader counts, and each run is multiplied on its own
+    with exactly its own count of queries per audio. Why not one product padded to the largest
+    count: BLAS rounds a query's scores differently for another number of queries beside it, so
+    a greedy row (or a search) would decode differently beside a larger search than alone."""
+    runs: tuple[AudioRun, ...]
+
+    @classmethod
+    def from_slots(cls, audio_of_row: list[int], device: torch.device | str = "cpu") -> SharedAudio:
+        """``audio_of_row[i]``: the audio slot row i reads (slots 0 .. n-1, every one read)."""
+        rows_of: dict[int, list[int]] = {}
+        for row, audio in enumerate(audio_of_row):
+            rows_of.setdefault(audio, []).append(row)
+        runs: list[AudioRun] = []
+        audio = 0
+        while audio < len(rows_of):
+            count, end = len(rows_of[audio]), audio + 1
+            while end < len(rows_of) and len(rows_of[end]) == count:
+                end += 1
+            rows = [r for a in range(audio, end) for r in rows_of[a]]
+            runs.append(AudioRun(audio, end - audio, count, torch.tensor(rows, device=device)))
+            audio = end
+        return cls(tuple(runs))
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -76,12 +107,17 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 
 def _cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shared: SharedAudio | None) -> torch.Tensor:
     """q [rows, H, T, hd] against k/v [audios, H, frames, hd]: one audio per row, or as
-    ``shared`` says (then T is 1)."""
+    ``shared`` says (then T is 1). Each run's K/V is a view: nothing of it is copied."""
     if shared is None:
         return _attention(q, k, v)
-    grouped = q.new_zeros(k.shape[0], q.shape[1], shared.rows_per_audio, q.shape[-1])
-    grouped[shared.audio, :, shared.rank] = q[:, :, 0]
-    return _attention(grouped, k, v)[shared.audio, :, shared.rank].unsqueeze(2)
+    out = torch.empty_like(q)
+    heads, head_dim = q.shape[1], q.shape[-1]
+    for run in shared.runs:
+        grouped = q[run.rows, :, 0].view(run.audios, run.rows_per_audio, heads, head_dim).transpose(1, 2)
+        end = run.first + run.audios
+        a = _attention(grouped, k[run.first:end], v[run.first:end])  # [audios, H, rows_per_audio, hd]
+        out[run.rows] = a.transpose(1, 2).reshape(-1, heads, 1, head_dim)
+    return out
 
 
 class EncoderLayer(nn.Module):

@@ -103,7 +103,7 @@ class ServerState:
         return {**engine, "pending_requests": self.admission.pending_requests,
                 "pending_audio_seconds": round(self.admission.pending_audio_seconds, 3),
                 "realtime_sessions": self.realtime_slots.active, "warmup_seconds": self.warmup.total_seconds,
-                "engine": self.runtime.engine.name}
+                "engine": self.runtime.engine.name, "precision": self.runtime.precision}
 
     def require_ready(self) -> Runtime:
         if not self.ready:
