@@ -70,6 +70,7 @@ def _option_values(args) -> dict[str, object]:
 def _runtime_settings(args) -> RuntimeSettings:
     return RuntimeSettings(model=args.model, engine=args.engine, device=args.device, quantize=args.quantize,
                            threads=args.threads, max_batch_size=args.max_batch_size,
+                           max_audio_windows=args.max_audio_windows,
                            sglang_urls=tuple(args.sglang_url), sglang_retry_after_s=args.sglang_retry_after)
 
 
@@ -77,6 +78,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="packaged model name or model directory")
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
+    p.add_argument("--max-audio-windows", type=int, default=8,
+                   help="30 s windows decoded at once (each holds its cross-attention K/V: 37 MB for whisper-base); "
+                        "the beams of a search share one")
     p.add_argument("--quantize", choices=QUANTIZATIONS, default="auto", help=QUANTIZE_HELP)
     p.add_argument("--device", choices=DEVICES, help="where the embedded engine runs (default: cuda when "
                                                      "torch sees a GPU, else cpu); float16 on cuda")

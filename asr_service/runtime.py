@@ -16,7 +16,8 @@ from adapters import WhisperAdapter
 
 from .engine.batch_engine import BatchEngine
 from .engine.interface import Engine
-from .model_loading import DEFAULT_MODEL, LoadedModel, load_model, return_freed_memory
+from .heap import map_large_blocks, return_freed_memory
+from .model_loading import DEFAULT_MODEL, LoadedModel, load_model
 from .speech_gate import SpeechGate
 from .transcription import Transcriber
 
@@ -40,6 +41,7 @@ class RuntimeSettings:
     quantize: str = "auto"  # see QUANTIZATIONS
     threads: int | None = None  # torch threads (None: all cores)
     max_batch_size: int = 16  # sequences the embedded engine decodes together
+    max_audio_windows: int = 8  # encoded windows whose cross-attention K/V it holds at once
     sglang_urls: tuple[str, ...] = ()
     sglang_retry_after_s: float = 2.0  # a failed SGLang server is left out this long (doubling)
 
@@ -104,6 +106,7 @@ def sglang_canaries(adapter: WhisperAdapter) -> dict:
 def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
     s = settings
     device = _check_choices(s.engine, s.sglang_urls, s.device or default_device(), s.quantize)
+    map_large_blocks()  # before the weights and caches are allocated
     loaded = load_model(s.model, weights=s.engine == "embedded")
     adapter = WhisperAdapter.from_loaded(loaded)
     if s.engine == "sglang":
@@ -130,6 +133,6 @@ def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
         quantize_int8(loaded.model)
         return_freed_memory()  # the float weights that quantization replaced
     # Threads: all cores by default; more processes or threads than cores only add contention.
-    batch = BatchEngine(loaded.model, max_batch_size=s.max_batch_size, threads=s.threads or os.cpu_count(),
-                        encoder_dtype=encoder_dtype)
+    batch = BatchEngine(loaded.model, max_batch_size=s.max_batch_size, max_audio_windows=s.max_audio_windows,
+                        threads=s.threads or os.cpu_count(), encoder_dtype=encoder_dtype)
     return Runtime(precision, loaded, adapter, batch, Transcriber(batch, adapter, SpeechGate()))

@@ -68,6 +68,27 @@ async def test_sequences_decode_the_same_alone_and_beside_beam_searches(runtime)
     assert engine.figures().active_sequences == 0
 
 
+async def test_windows_past_the_cap_wait_and_decode_the_same(runtime):
+    """With room for two audio windows, six decodes and a beam search submitted at once still all
+    finish, with the tokens the session's engine gives them, and the caches never held more
+    than two windows' cross-attention K/V."""
+    from asr_service.engine.batch_engine import BatchEngine
+
+    adapter = runtime.adapter
+    capped = BatchEngine(runtime.loaded.model, max_batch_size=8, max_audio_windows=2, threads=2,
+                         encoder_dtype=runtime.engine.encoder_dtype)
+    try:
+        params = adapter.build_fused_autodetect_params()
+        work = [(load_clip(*c), params) for c in BATCH_CLIPS] + [(load_clip("en", "counting"), replace(params, beam_size=3))]
+        expected = await asyncio.gather(*(runtime.engine.submit(a, p).collect() for a, p in work))
+        results = await asyncio.gather(*(capped.submit(a, p).collect() for a, p in work))
+        assert [r.token_ids for r in results] == [r.token_ids for r in expected]
+        assert all(r.finish_reason == "stop" for r in results)
+        assert capped.audio_window_capacity == 2
+    finally:
+        capped.shutdown()
+
+
 # Clips of several lengths and languages, for the batch-independence checks below.
 BATCH_CLIPS = [("en", "quick_brown_fox"), ("fr", "pangrama"), ("en", "counting"), ("pt", "pangrama"),
                ("ja", "pangrama"), ("en", "hello_world")]

@@ -47,16 +47,21 @@ class BatchEngine:
 
     # One encoder window per admission by default: on the CPU the encoder is compute-bound, so
     # stacking windows gains nothing and multiplies activation memory.
+    # max_audio_windows bounds the windows decoded at once (each holds its cross-attention K/V,
+    # 37 MB for Whisper base in float32, the largest part of the engine's memory); a sequence that
+    # needs a new one waits for a window to end. The encoder, one window at a time, is what bounds
+    # throughput on the CPU, so a handful of windows in flight keep the decode steps batched.
     # encoder_dtype=torch.bfloat16 runs the encoder's matrix products in bfloat16 (autocast);
     # the decoder runs its layers as they are (engine/quantize.py may have made them bfloat16).
     def __init__(self, model: Whisper, max_batch_size: int = 16, max_encode_batch: int = 1, threads: int | None = None,
-                 encoder_dtype: torch.dtype | None = None):
+                 encoder_dtype: torch.dtype | None = None, max_audio_windows: int | None = None):
         self.model = model
         self.device, self.dtype = model.decoder.positions.device, model.activation_dtype
         self.encoder_dtype = encoder_dtype
         self.dims = model.dims
         self.max_batch_size = max_batch_size
         self.max_encode_batch = max_encode_batch
+        self.max_audio_windows = min(max_audio_windows or max_batch_size, max_batch_size)
         if threads:
             torch.set_num_threads(threads)
         self._pending: collections.deque[DecodingSequence] = collections.deque()
@@ -64,7 +69,7 @@ class BatchEngine:
         self._audio_readers: list[int] = []  # audio slot i of the caches is read by this many rows
         self._wake = threading.Condition()
         self._stopping = False
-        self._slots = SlotCache(self.dims, max_batch_size, self.device, self.dtype)
+        self._slots = SlotCache(self.dims, max_batch_size, self.max_audio_windows, self.device, self.dtype)
         self._encoder = EncoderCache(self._encode_windows)
         self._grammar_mask = GrammarMask(max_batch_size, self.dims.n_vocab)
         self.steps = 0  # decode steps run
@@ -107,6 +112,12 @@ class BatchEngine:
         """Encoder passes run (windows the encoder cache did not hold)."""
         return self._encoder.encoded_total
 
+    @property
+    def audio_window_capacity(self) -> int:
+        """Audio windows the caches have room for now (they grow with the load, never past
+        max_audio_windows)."""
+        return self._slots.audios
+
     def shutdown(self) -> None:
         with self._wake:
             self._stopping = True
@@ -143,6 +154,7 @@ class BatchEngine:
             admitted: list[DecodingSequence] = []
             windows = 0
             while (self._pending and windows < self.max_encode_batch
+                   and len(self._audio_readers) + windows < self.max_audio_windows
                    and len(self._active) + len(admitted) + self._pending[0].slots_needed <= self.max_batch_size):
                 seq = self._pending.popleft()
                 if seq.stream.cancelled.is_set():

@@ -24,9 +24,10 @@ KV = tuple[torch.Tensor, torch.Tensor]
 
 
 class SlotCache:
-    def __init__(self, dims: WhisperDims, max_rows: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, dims: WhisperDims, max_rows: int, max_audios: int, device: torch.device, dtype: torch.dtype):
         self.dims = dims
         self.max_rows = max_rows
+        self.max_audios = max_audios
         self.device, self.dtype = device, dtype
         self.self_kv: list[KV] = []  # per decoder layer: [rows, heads, positions, head dim]
         self.cross_kv: list[KV] = []  # per decoder layer: [audios, heads, audio frames, head dim]
@@ -59,7 +60,7 @@ class SlotCache:
         """Room for ``audios`` audio windows, keeping the first ``in_use``."""
         if audios <= self.audios:
             return
-        capacity = max(self.audios, min(self.max_rows, _next_power_of_two(audios)))
+        capacity = max(self.audios, min(self.max_audios, _next_power_of_two(audios)))
         self._grow(self.cross_kv, capacity, self.dims.n_audio_ctx, in_use)
         log.info("cross-attention caches grown to %d audio windows", capacity)
 

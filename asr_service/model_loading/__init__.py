@@ -5,7 +5,6 @@ Nothing here touches the network: weights come from installed packages or local 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..engine.model import Whisper, WhisperDims
+from ..heap import return_freed_memory
 from .ctranslate2_format import read_ctranslate2_variables
 from .ctranslate2_whisper import convert_ctranslate2_whisper
 from .errors import ModelLoadError
@@ -97,15 +97,6 @@ def _require(path: Path) -> Path:
     if not path.exists():
         raise ModelLoadError(f"{path} is missing; a model is {ACCEPTED}")
     return path
-
-
-def return_freed_memory() -> None:
-    """Loading converts every weight through temporary arrays; glibc keeps ~120 MB of them
-    (measured) unless asked to hand freed memory back. No-op where malloc_trim is missing."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def load_model(spec: str = DEFAULT_MODEL, weights: bool = True) -> LoadedModel:

@@ -1,0 +1,41 @@
+"""How this process's C heap gives memory back: glibc's malloc, where torch's CPU tensors live.
+
+glibc serves an allocation above its mmap threshold with a mapping of its own, unmapped on free;
+below it, from heaps that only shrink from the top, so freed blocks between live ones stay in the
+process. Its threshold is dynamic: each large block freed raises it (up to 32 MB), after which the
+encoder's activations and the decoder's caches, all megabytes each, come from the heap, and the
+holes they leave add up. Both calls are no-ops where glibc is not the C library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+# Blocks of this size or more are mapped on their own. Every cache tensor and most encoder
+# activations are larger; a decode step's logits (200 KB a row) are not, so the steps do not pay
+# for fresh pages. Measured on 16 clips at once (bf16): peak RSS 1.66 GB with glibc's dynamic
+# threshold after two rounds, 1.25 GB with 8 MiB, at the same speed; 1 MiB cost 40 % in time.
+LARGE_BLOCK_BYTES = 8 << 20
+
+
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def map_large_blocks() -> None:
+    """Fix the mmap threshold (which also stops glibc from raising it)."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
+
+
+def return_freed_memory() -> None:
+    """Loading converts every weight through temporary arrays; glibc keeps ~120 MB of them
+    (measured) unless asked to hand freed memory back."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
