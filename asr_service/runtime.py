@@ -122,10 +122,10 @@ def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
         # it halves the memory traffic that bounds each decode step.
         loaded.model.to(device="cuda", dtype=torch.float16)
     elif precision == "bf16":
-        from .engine.quantize import bf16_decoder
+        from .engine.quantize import bf16
 
         encoder_dtype = torch.bfloat16
-        bf16_decoder(loaded.model)
+        bf16(loaded.model)
         return_freed_memory()  # the float weights that bfloat16 copies replaced
     elif precision == "int8":
         from .engine.quantize import quantize_int8

@@ -11,7 +11,9 @@ float32 accumulation (oneDNN, fast on CPUs with AVX512-BF16 or AMX); activations
 attention and the caches stay float32. With the decoder's attention written as plain products
 (engine/model.py), a sequence decoded this way gets the same log-probabilities bit for bit
 whatever it is batched with (tests/test_engine.py), which float32 BLAS does not give. The encoder
-runs under bfloat16 autocast (BatchEngine's encoder_dtype). Their WER is measured in bench/.
+runs under bfloat16 autocast (BatchEngine's encoder_dtype) with its linear and convolution weights
+stored in bfloat16: autocast would round them to exactly those values on every pass, so the
+output is the same bit for bit and the float32 copies are not kept. Their WER is measured in bench/.
 """
 
 from __future__ import annotations
@@ -58,7 +60,10 @@ class Bf16Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-def bf16_decoder(model: Whisper) -> Whisper:
+def bf16(model: Whisper) -> Whisper:
+    for module in model.encoder.modules():
+        if isinstance(module, (nn.Linear, nn.Conv1d)):  # layer norms and positions stay float32, as autocast wants
+            module.to(torch.bfloat16)
     decoder = model.decoder
     for layer in decoder.layers:
         for name in ("self_qkv", "self_out", "cross_q", "cross_kv", "cross_out"):
