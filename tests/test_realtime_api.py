@@ -114,6 +114,13 @@ async def test_vllm_protocol_streams_speech_and_text_arrives_while_it_plays(ws_u
         assert words[-19:-10] == fox and words[-10:] == [str(i) for i in range(1, 11)], done["text"]
 
 
+# Whisper base's own errors on the French pangram streamed as PCM16, against its reference "...
+# vieux whisky au juge blanc qui fume": 2 of 9 words in float32 ("Blanqui Fume"), 4 in bfloat16,
+# the default on CPUs with AVX512-BF16 or AMX ("vieau esquit" too; the clip is fragile: shifted by
+# 0.1 s, float32 writes "vioesquie"). The bound fails a stream that loses or garbles more.
+PANGRAMA_WER = 0.45
+
+
 async def test_vllm_protocol_short_clip_with_language_set(ws_url):
     async with websockets.connect(ws_url) as ws:
         await ws.recv()
@@ -123,7 +130,7 @@ async def test_vllm_protocol_short_clip_with_language_set(ws_url):
         await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
         events = await receive_until(ws, "transcription.done")
         done = events[-1]
-        assert done["language"] == "fr" and wer("fr", "pangrama", done["text"]) <= 0.25, done
+        assert done["language"] == "fr" and wer("fr", "pangrama", done["text"]) <= PANGRAMA_WER, done
         assert "".join(e["delta"] for e in events if e["type"] == "transcription.delta") == done["text"]
 
 
@@ -142,7 +149,7 @@ async def test_vllm_protocol_reuses_one_connection_for_several_cycles(ws_url):
             dones.append(events[-1])
             assert "".join(e["delta"] for e in events if e["type"] == "transcription.delta") == events[-1]["text"]
         assert [d["language"] for d in dones] == ["en", "fr", "en"]
-        assert wer("fr", "pangrama", dones[1]["text"]) <= 0.25 and wer("en", "quick_brown_fox", dones[2]["text"]) <= 0.1
+        assert wer("fr", "pangrama", dones[1]["text"]) <= PANGRAMA_WER and wer("en", "quick_brown_fox", dones[2]["text"]) <= 0.1
         # Within a cycle the rules stand: audio after the final commit, before the next start, is refused.
         await send_frames(ws, pcm16(load_clip("en", "hello_world")[:3200]), 3200, 0.0)
         await expect_error(ws, "session_not_started")
