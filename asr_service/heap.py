@@ -14,8 +14,7 @@ import ctypes
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 # Blocks of this size or more are mapped on their own. Every cache tensor and most encoder
 # activations are larger; a decode step's logits (200 KB a row) are not, so the steps do not pay
-# for fresh pages. Measured on 16 clips at once (bf16): peak RSS 1.66 GB with glibc's dynamic
-# threshold after two rounds, 1.25 GB with 8 MiB, at the same speed; 1 MiB cost 40 % in time.
+# for fresh pages each time (a much lower threshold does: docs/performance.md, "Memory").
 LARGE_BLOCK_BYTES = 8 << 20
 
 

@@ -83,6 +83,8 @@ def _check_choices(engine: str, sglang_urls, device: str, quantize: str) -> str:
         raise ValueError(f"unknown engine {engine!r}; supported: {', '.join(ENGINES)}")
     if engine == "sglang" and not sglang_urls:
         raise ValueError("--engine sglang needs at least one --sglang-url")
+    if engine == "sglang" and quantize != "auto":
+        raise ValueError("--quantize is for the embedded engine; SGLang servers choose their own precision")
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; supported: {', '.join(DEVICES)}")
     if quantize not in QUANTIZATIONS:
