@@ -69,7 +69,8 @@ class BatchEngine:
         self._audio_readers: list[int] = []  # audio slot i of the caches is read by this many rows
         self._wake = threading.Condition()
         self._stopping = False
-        self._slots = SlotCache(self.dims, max_batch_size, self.max_audio_windows, self.device, self.dtype)
+        self._slots = SlotCache(self.dims, max_batch_size, self.max_audio_windows, self.device, self.dtype,
+                                model.audio_cache_dtype or self.dtype)
         self._encoder = EncoderCache(self._encode_windows)
         self._grammar_mask = GrammarMask(max_batch_size, self.dims.n_vocab)
         self.steps = 0  # decode steps run

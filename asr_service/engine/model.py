@@ -105,17 +105,31 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     return scores.softmax(dim=-1) @ v
 
 
+def _audio_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention over cached audio K/V, in the precision the cache keeps them in.
+
+    bfloat16 K/V (``--quantize bf16``, see engine/quantize.py) go through the fused kernel, which
+    keeps scores and softmax in float32 and rounds only its output (which cross_out, a bfloat16
+    layer, rounds to bfloat16 anyway). It reads half the bytes of float32 K/V, the largest thing
+    a decode step reads. Unlike the plain products, its bfloat16 kernel with the full window as
+    keys and no mask gives a query the same result whatever the number of audios or of other
+    queries beside it (tests/test_engine.py checks the decode bit for bit)."""
+    if k.dtype == torch.bfloat16:
+        return F.scaled_dot_product_attention(q.to(torch.bfloat16), k, v).to(q.dtype)
+    return _attention(q, k, v)
+
+
 def _cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shared: SharedAudio | None) -> torch.Tensor:
     """q [rows, H, T, hd] against k/v [audios, H, frames, hd]: one audio per row, or as
     ``shared`` says (then T is 1). Each run's K/V is a view: nothing of it is copied."""
     if shared is None:
-        return _attention(q, k, v)
+        return _audio_attention(q, k, v)
     out = torch.empty_like(q)
     heads, head_dim = q.shape[1], q.shape[-1]
     for run in shared.runs:
         grouped = q[run.rows, :, 0].view(run.audios, run.rows_per_audio, heads, head_dim).transpose(1, 2)
         end = run.first + run.audios
-        a = _attention(grouped, k[run.first:end], v[run.first:end])  # [audios, H, rows_per_audio, hd]
+        a = _audio_attention(grouped, k[run.first:end], v[run.first:end])  # [audios, H, rows_per_audio, hd]
         out[run.rows] = a.transpose(1, 2).reshape(-1, heads, 1, head_dim)
     return out
 
@@ -151,7 +165,9 @@ class AudioEncoder(nn.Module):
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [B, n_mels, 3000] -> audio features [B, 1500, d]."""
         x = F.gelu(self.conv1(mel))
-        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        # Made contiguous here: else every residual sum below keeps the convolution's
+        # channel-first layout, and each add and layer norm walks it with a stride.
+        x = F.gelu(self.conv2(x)).transpose(1, 2).contiguous()
         x = x + self.positions[: x.shape[1]]
         for layer in self.layers:
             x = layer(x)
@@ -168,6 +184,9 @@ class DecoderLayer(nn.Module):
         self.cross_ln = nn.LayerNorm(d)
         self.cross_q = nn.Linear(d, d)
         self.cross_kv = nn.Linear(d, 2 * d)  # fused cross k,v (k without bias)
+        # Set by engine/quantize.py's bf16: V's bias, added to the attention's output instead of
+        # to the cached V (softmax weights sum to one), so a bfloat16 cache holds V exactly.
+        self.cross_value_bias: torch.Tensor | None = None
         self.cross_out = nn.Linear(d, d)
         self.mlp_ln = nn.LayerNorm(d)
         self.mlp = Mlp(d)
@@ -206,11 +225,14 @@ class DecoderLayer(nn.Module):
         x = x + self.self_out(_merge_heads(a))
         q = _split_heads(self.cross_q(self.cross_ln(x)), h)
         a = _cross_attention(q, cross_k, cross_v, shared)
+        if self.cross_value_bias is not None:
+            a = a + self.cross_value_bias.view(1, h, 1, -1)
         x = x + self.cross_out(_merge_heads(a))
         x = x + self.mlp(self.mlp_ln(x))
         if attention_heads is None:
             return x
-        scores = q[:, attention_heads] @ cross_k[:, attention_heads].transpose(-1, -2) * q.shape[-1] ** -0.5
+        heads_k = cross_k[:, attention_heads].to(q.dtype)  # a copy of a few heads, when the cache is bfloat16
+        scores = q[:, attention_heads] @ heads_k.transpose(-1, -2) * q.shape[-1] ** -0.5
         return x, scores.softmax(dim=-1)
 
 
@@ -279,6 +301,9 @@ class Whisper(nn.Module):
         self.dims = dims
         self.encoder = AudioEncoder(dims)
         self.decoder = TextDecoder(dims)
+        # The precision the engine caches cross-attention K/V in; None: the activations'.
+        # engine/quantize.py's bf16 sets bfloat16 (its cross_kv layer's products are bfloat16).
+        self.audio_cache_dtype: torch.dtype | None = None
 
     @property
     def activation_dtype(self) -> torch.dtype:

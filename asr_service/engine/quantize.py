@@ -1,19 +1,23 @@
-"""Reduced precision on the CPU, opt-in (``--quantize``): int8 or bfloat16 linear layers.
+"""Reduced precision on the CPU (``--quantize``): int8 or bfloat16 linear layers.
 
-int8: dynamic quantization of every linear layer (fbgemm). Weights are int8 with one scale per
-output channel; activations take one scale per tensor, i.e. per batch, so a sequence's result
-depends on what it is batched with. torch.ao.quantization is deprecated upstream in favour of
-torchao but still ships in torch 2.x; it is used because it needs nothing beyond torch.
+int8 (opt-in): dynamic quantization of every linear layer (fbgemm). Weights are int8 with one
+scale per output channel; activations take one scale per tensor, i.e. per batch, so a sequence's
+result depends on what it is batched with. torch.ao.quantization is deprecated upstream in favour
+of torchao but still ships in torch 2.x; it is used because it needs nothing beyond torch.
 
-bf16: the decoder's linear layers and its vocabulary projection keep their weights in bfloat16
-(kept once: the token embedding shares the projection's table) and multiply in bfloat16 with
-float32 accumulation (oneDNN, fast on CPUs with AVX512-BF16 or AMX); activations, layer norms,
-attention and the caches stay float32. With the decoder's attention written as plain products
-(engine/model.py), a sequence decoded this way gets the same log-probabilities bit for bit
-whatever it is batched with (tests/test_engine.py), which float32 BLAS does not give. The encoder
-runs under bfloat16 autocast (BatchEngine's encoder_dtype) with its linear and convolution weights
-stored in bfloat16: autocast would round them to exactly those values on every pass, so the
-output is the same bit for bit and the float32 copies are not kept. Their WER is measured in bench/.
+bf16 (what ``auto`` picks where the CPU multiplies bfloat16 natively, runtime.resolve_precision):
+the decoder's linear layers and its vocabulary projection keep their weights in bfloat16 (kept
+once: the token embedding shares the projection's table) and multiply in bfloat16 with float32
+accumulation (oneDNN, fast on CPUs with AVX512-BF16 or AMX); activations, layer norms and the
+self-attention caches stay float32. The cross-attention K/V are cached in bfloat16, exactly as
+their bfloat16 products come out (V's bias is added after the attention), which halves the
+largest cache and what each decode step reads. With the decoder's self-attention written as
+plain products and its cross-attention in the fused kernel (engine/model.py), a sequence decoded
+this way gets the same log-probabilities bit for bit whatever it is batched with
+(tests/test_engine.py), which float32 BLAS does not give. The encoder runs under bfloat16
+autocast (BatchEngine's encoder_dtype) with its linear and convolution weights stored in
+bfloat16: autocast would round them to exactly those values on every pass, so the output is the
+same bit for bit and the float32 copies are not kept. Their WER is measured in bench/.
 """
 
 from __future__ import annotations
@@ -85,12 +89,19 @@ def bf16(model: Whisper) -> Whisper:
             module.to(torch.bfloat16)
     decoder = model.decoder
     for layer in decoder.layers:
-        for name in ("self_qkv", "self_out", "cross_q", "cross_kv", "cross_out"):
+        for name in ("self_qkv", "self_out", "cross_q", "cross_out"):
             setattr(layer, name, _bf16(getattr(layer, name)))
+        # K and V without bias: K's only shifts a query's scores alike (softmax ignores it), V's
+        # is added after the attention; the products are cached as oneDNN gives them, exactly.
+        d = layer.cross_kv.in_features
+        layer.cross_value_bias = layer.cross_kv.bias.detach()[d:].clone()
+        layer.cross_kv = Bf16Linear(layer.cross_kv.weight, None)
         layer.mlp.fc1, layer.mlp.fc2 = _bf16(layer.mlp.fc1), _bf16(layer.mlp.fc2)
     projection = Bf16Projection(decoder.token_embedding.weight, None)
     decoder.token_embedding.weight = projection.weight  # one bfloat16 table for both
     decoder.output_projection = projection
+    # engine/model.py's _audio_attention reads the cached K/V in bfloat16.
+    model.audio_cache_dtype = torch.bfloat16
     return model
 
 

@@ -24,11 +24,13 @@ KV = tuple[torch.Tensor, torch.Tensor]
 
 
 class SlotCache:
-    def __init__(self, dims: WhisperDims, max_rows: int, max_audios: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, dims: WhisperDims, max_rows: int, max_audios: int, device: torch.device, dtype: torch.dtype,
+                 audio_dtype: torch.dtype):
+        """``dtype``: the self-attention caches'; ``audio_dtype``: the cross-attention caches'."""
         self.dims = dims
         self.max_rows = max_rows
         self.max_audios = max_audios
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype, self.audio_dtype = device, dtype, audio_dtype
         self.self_kv: list[KV] = []  # per decoder layer: [rows, heads, positions, head dim]
         self.cross_kv: list[KV] = []  # per decoder layer: [audios, heads, audio frames, head dim]
 
@@ -53,7 +55,7 @@ class SlotCache:
         d = self.dims
         capacity = max(have_rows, min(self.max_rows, _next_power_of_two(rows)))
         self_length = max(have_length, min(d.n_text_ctx, _next_power_of_two(max(length, 64))))
-        self._grow(self.self_kv, capacity, self_length, in_use)
+        self._grow(self.self_kv, capacity, self_length, in_use, self.dtype)
         log.info("self-attention caches grown to %d rows x %d positions", capacity, self_length)
 
     def ensure_audios(self, audios: int, in_use: int) -> None:
@@ -61,17 +63,17 @@ class SlotCache:
         if audios <= self.audios:
             return
         capacity = max(self.audios, min(self.max_audios, _next_power_of_two(audios)))
-        self._grow(self.cross_kv, capacity, self.dims.n_audio_ctx, in_use)
+        self._grow(self.cross_kv, capacity, self.dims.n_audio_ctx, in_use, self.audio_dtype)
         log.info("cross-attention caches grown to %d audio windows", capacity)
 
-    def _grow(self, layers: list[KV], capacity: int, positions: int, in_use: int) -> None:
+    def _grow(self, layers: list[KV], capacity: int, positions: int, in_use: int, dtype: torch.dtype) -> None:
         """Reallocate ``layers`` (in place) to [capacity, heads, positions, head dim], one layer at
         a time, so a growth never holds two full copies of the caches."""
         d = self.dims
         head_dim = d.n_text_state // d.n_text_head
 
         def grown(old: torch.Tensor | None) -> torch.Tensor:
-            new = torch.zeros(capacity, d.n_text_head, positions, head_dim, device=self.device, dtype=self.dtype)
+            new = torch.zeros(capacity, d.n_text_head, positions, head_dim, device=self.device, dtype=dtype)
             if old is not None and in_use:
                 keep = min(positions, old.shape[2])
                 new[:in_use, :, :keep] = old[:in_use, :, :keep]
