@@ -8,9 +8,11 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from .audio import AudioError, AudioLimits, decode_audio
+from .flag_environment import EnvironmentFlagError, EnvironmentFlags
 from .formats import RESPONSE_FORMATS, render
 from .model_loading import DEFAULT_MODEL, ModelLoadError
 from .realtime.session import RealtimeLimits
@@ -74,26 +76,28 @@ def _runtime_settings(args) -> RuntimeSettings:
                            sglang_urls=tuple(args.sglang_url), sglang_retry_after_s=args.sglang_retry_after)
 
 
-def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help="packaged model name or model directory")
-    p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
-    p.add_argument("--max-batch-size", type=int, default=16, help="sequences decoded together")
-    p.add_argument("--max-audio-windows", type=int, default=8,
-                   help="30 s windows decoded at once (each holds its cross-attention K/V: 37 MB for whisper-base); "
-                        "the beams of a search share one")
-    p.add_argument("--quantize", choices=QUANTIZATIONS, default="auto", help=QUANTIZE_HELP)
-    p.add_argument("--device", choices=DEVICES, help="where the embedded engine runs (default: cuda when "
-                                                     "torch sees a GPU, else cpu); float16 on cuda")
-    p.add_argument("--engine", choices=ENGINES, default="embedded",
-                   help="embedded: decode in this process; sglang: send every decode to SGLang servers")
-    p.add_argument("--sglang-url", nargs="+", default=[], metavar="URL", type=_http_url,
-                   help="SGLang servers (or one SGLang router) for --engine sglang; work goes to the one with the "
-                        "least outstanding decodes")
-    p.add_argument("--sglang-retry-after", type=float, default=2.0, metavar="SECONDS",
-                   help="how long a failed SGLang server is left out (doubling on each failure in a row, up to 60 s)")
+def _add_engine_args(add) -> None:
+    """The engine's flags, through ``add`` (a parser's add_argument, or EnvironmentFlags.add)."""
+    add("--model", default=DEFAULT_MODEL, help="packaged model name or model directory")
+    add("--threads", type=int, help="torch threads (default: all cores)")
+    add("--max-batch-size", type=int, default=16, help="sequences decoded together")
+    add("--max-audio-windows", type=int, default=8,
+        help="30 s windows decoded at once (each holds its cross-attention K/V: for whisper-base 18 MB in bf16, "
+             "37 MB in float32); the beams of a search share one")
+    add("--quantize", choices=QUANTIZATIONS, default="auto", help=QUANTIZE_HELP)
+    add("--device", choices=DEVICES, help="where the embedded engine runs (default: cuda when "
+                                          "torch sees a GPU, else cpu); float16 on cuda")
+    add("--engine", choices=ENGINES, default="embedded",
+        help="embedded: decode in this process; sglang: send every decode to SGLang servers")
+    add("--sglang-url", nargs="+", default=[], metavar="URL", type=_http_url,
+        help="SGLang servers (or one SGLang router) for --engine sglang; work goes to the one with the "
+             "least outstanding decodes")
+    add("--sglang-retry-after", type=float, default=2.0, metavar="SECONDS",
+        help="how long a failed SGLang server is left out (doubling on each failure in a row, up to 60 s)")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _build_parser() -> tuple[argparse.ArgumentParser, EnvironmentFlags]:
+    """The parser, and the serve flags that ASR_ environment variables can also set."""
     parser = argparse.ArgumentParser(prog="asr-service", description="OpenAI-compatible Whisper speech-to-text")
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("transcribe", help="transcribe (or translate) audio files")
@@ -101,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
     t.add_argument("--response-format", choices=RESPONSE_FORMATS, default="json")
     _add_option_args(t)
-    _add_engine_args(t)
+    _add_engine_args(t.add_argument)
     t.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest input file in bytes")
     t.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
     t.add_argument("--output-dir", type=Path,
@@ -109,47 +113,62 @@ def _parser() -> argparse.ArgumentParser:
                         "so an interrupted batch resumes where it stopped")
     t.add_argument("-v", "--verbose", action="store_true")
 
-    s = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--served-model-name", help="name listed by /v1/models (default: the --model value)")
-    _add_engine_args(s)
-    s.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest upload in bytes")
-    s.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
-    s.add_argument("--default-stream-format", choices=STREAM_FORMATS, default="openai",
-                   help="what stream=true sends when a request names no stream_format: openai (transcript.text.* "
-                        "events, the OpenAI SDK) or chunk (choices[0].delta.content, as vLLM and SGLang send)")
-    s.add_argument("--detection-mode", choices=("fused", "two-stage"), default="fused",
-                   help="two-stage (separate detection decode) is a baseline for bench/ only")
-    s.add_argument("--max-realtime-sessions", type=int, default=RealtimeLimits.max_sessions,
-                   help="concurrent /v1/realtime sessions; more are refused")
-    s.add_argument("--realtime-idle-timeout", type=float, default=RealtimeLimits.idle_timeout_s,
-                   help="seconds without audio from the client before a realtime session is closed")
-    s.add_argument("--realtime-max-buffer-seconds", type=float, default=RealtimeLimits.max_buffer_seconds,
-                   help="audio a realtime session may hold untranscribed")
-    s.add_argument("--realtime-max-session-seconds", type=float, default=RealtimeLimits.max_session_seconds,
-                   help="longest life of a realtime session; it then ends with session_expired")
+    s = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server",
+                       description="Every flag can also be set by the environment variable named after it "
+                                   "(flags win); the API keys' variable is ASR_API_KEYS.")
+    env = EnvironmentFlags(s)
+    env.add("--host", default="127.0.0.1")
+    env.add("--port", type=int, default=8000)
+    env.add("--served-model-name", help="name listed by /v1/models (default: the --model value)")
+    _add_engine_args(env.add)
+    env.add("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest upload in bytes")
+    env.add("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
+    env.add("--default-stream-format", choices=STREAM_FORMATS, default="openai",
+            help="what stream=true sends when a request names no stream_format: openai (transcript.text.* "
+                 "events, the OpenAI SDK) or chunk (choices[0].delta.content, as vLLM and SGLang send)")
+    env.add("--detection-mode", choices=("fused", "two-stage"), default="fused",
+            help="two-stage (separate detection decode) is a baseline for bench/ only")
+    env.add("--max-realtime-sessions", type=int, default=RealtimeLimits.max_sessions,
+            help="concurrent /v1/realtime sessions; more are refused")
+    env.add("--realtime-idle-timeout", type=float, default=RealtimeLimits.idle_timeout_s,
+            help="seconds without audio from the client before a realtime session is closed")
+    env.add("--realtime-max-buffer-seconds", type=float, default=RealtimeLimits.max_buffer_seconds,
+            help="audio a realtime session may hold untranscribed")
+    env.add("--realtime-max-session-seconds", type=float, default=RealtimeLimits.max_session_seconds,
+            help="longest life of a realtime session; it then ends with session_expired")
     s.add_argument("--api-key", action="append", metavar="KEY",
                    help=f"require this key (repeatable; also {ENV_VAR}, comma-separated); /health stays open")
-    s.add_argument("--max-pending-requests", type=int, default=AdmissionLimits.max_pending_requests,
-                   help="requests admitted and unfinished before new ones get 429")
-    s.add_argument("--max-pending-audio-seconds", type=float, default=AdmissionLimits.max_pending_audio_seconds,
-                   help="audio seconds admitted and unfinished before new requests get 429")
-    s.add_argument("--request-timeout", type=float, default=600.0,
-                   help="deadline per HTTP request, from its first byte to its answer (s)")
-    s.add_argument("--max-connections", type=int, default=ConnectionLimits.max_connections,
-                   help=f"open connections (HTTP and WebSocket) before new ones get 503 (default: "
-                        f"{DEFAULT_MAX_CONNECTIONS}, or what the open-files limit leaves room for)")
-    s.add_argument("--header-timeout", type=float, default=ConnectionLimits.header_timeout_s,
-                   help="seconds a connection has to send a request's headers")
-    s.add_argument("--keep-alive-timeout", type=float, default=ConnectionLimits.keep_alive_s,
-                   help="seconds an idle connection stays open after a response")
-    s.add_argument("--body-timeout", type=float, default=ConnectionLimits.body_timeout_s,
-                   help="longest pause inside an upload before it gets 408 (s)")
-    s.add_argument("--shutdown-grace", type=float, default=30.0,
-                   help="seconds SIGTERM waits for in-flight work before exiting")
-    s.add_argument("--log-level", default="info")
-    return parser
+    env.add("--max-pending-requests", type=int, default=AdmissionLimits.max_pending_requests,
+            help="requests admitted and unfinished before new ones get 429")
+    env.add("--max-pending-audio-seconds", type=float, default=AdmissionLimits.max_pending_audio_seconds,
+            help="audio seconds admitted and unfinished before new requests get 429")
+    env.add("--request-timeout", type=float, default=600.0,
+            help="deadline per HTTP request, from its first byte to its answer (s)")
+    env.add("--max-connections", type=int, default=ConnectionLimits.max_connections,
+            help=f"open connections (HTTP and WebSocket) before new ones get 503 (default: "
+                 f"{DEFAULT_MAX_CONNECTIONS}, or what the open-files limit leaves room for)")
+    env.add("--header-timeout", type=float, default=ConnectionLimits.header_timeout_s,
+            help="seconds a connection has to send a request's headers")
+    env.add("--keep-alive-timeout", type=float, default=ConnectionLimits.keep_alive_s,
+            help="seconds an idle connection stays open after a response")
+    env.add("--body-timeout", type=float, default=ConnectionLimits.body_timeout_s,
+            help="longest pause inside an upload before it gets 408 (s)")
+    env.add("--shutdown-grace", type=float, default=30.0,
+            help="seconds SIGTERM waits for in-flight work before exiting")
+    env.add("--log-level", default="info")
+    return parser, env
+
+
+def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> argparse.Namespace:
+    """The command line, with serve's flags that it does not give taken from ASR_ variables."""
+    parser, serve_flags = _build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        try:
+            argv = ["serve", *serve_flags.words(environ, argv[1:]), *argv[1:]]
+        except EnvironmentFlagError as e:
+            parser.error(str(e))
+    return parser.parse_args(argv)
 
 
 def _server_settings(args):
@@ -297,7 +316,7 @@ def _progress_bar(audios, runtime):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     try:

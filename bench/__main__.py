@@ -19,19 +19,11 @@ from pathlib import Path
 
 import psutil
 
-from .report import RESULTS, Row, ratios, rescore, score, write_outputs
-from .systems import Peer, RssSampler, Service
+from .alternated import alternated
+from .measure import measure
+from .report import RESULTS, Row, ratios, rescore, write_outputs
+from .systems import Peer, Service, faster_whisper
 from .workloads import Request, build_workloads, wav_bytes
-
-
-def measure(system, workload: str, reqs: list[Request], concurrency: int, detect: bool) -> Row:
-    system.run(reqs[:1], 1)  # warm: first-call costs are not what is measured
-    with RssSampler(system.pid) as rss:
-        outcomes, wall = system.run(reqs, concurrency)
-    row = score(system.name, workload, concurrency, reqs, outcomes, wall, rss.peak, detect)
-    print(f"  {row.system:24s} {workload:5s} c={concurrency:<2d} rtfx={row.rtfx:6.2f} p50={row.p50_s:.2f}s "
-          f"wer={row.wer} det={row.detection} rss={row.peak_rss_mb}MB", flush=True)
-    return row
 
 
 def encoder_efficiency() -> dict:
@@ -72,6 +64,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rescore", type=Path, help="recompute the targets of a saved results .json")
     parser.add_argument("--levels", help="concurrency levels, e.g. 1,8,16 (default: 1,8 quick, else 1,4,8,16)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of the default service and faster-whisper's best measured in turn (default 3)")
     args = parser.parse_args()
     if args.rescore:
         rescore(args.rescore)
@@ -113,19 +107,15 @@ def main() -> None:
     two.stop()
 
     cores = str(os.cpu_count())
-    # faster-whisper's configurations on this machine: one model and all threads (requests
-    # queue), or one worker per core; and its BatchedInferencePipeline for long audio.
-    sequential = ["--threads", cores, "--num-workers", "1"]
-    workers = ["--threads", "1", "--num-workers", cores]
     precisions = ["int8"] if args.quick else ["int8", "float32"]
     for precision in precisions:
         short_name = "int8" if precision == "int8" else "f32"
-        peer = Peer(f"faster-whisper-{short_name}-sequential", "faster-whisper", "--compute-type", precision, *sequential)
+        peer = faster_whisper(f"faster-whisper-{short_name}-sequential")
         rows += [measure(peer, "short", short, c, detect=True) for c in (levels if not args.quick else [1])]
         if precision == "int8":
             rows.append(measure(peer, "long", long, 1, detect=True))
         peer.stop()
-        peer = Peer(f"faster-whisper-{short_name}-workers", "faster-whisper", "--compute-type", precision, *workers)
+        peer = faster_whisper(f"faster-whisper-{short_name}-workers")
         rows += [measure(peer, "short", short, c, detect=True) for c in (levels if not args.quick else [top])]
         peer.stop()
     batched = Peer("faster-whisper-int8-batched", "faster-whisper", "--compute-type", "int8", "--threads", cores, "--batched")
@@ -136,6 +126,9 @@ def main() -> None:
         rows.append(measure(hf, "short", short, 1, detect=False))
         hf.stop()
 
+    fw_best = max((r for r in rows if r.system.startswith("faster-whisper") and r.workload == "short"
+                   and r.concurrency == top), key=lambda r: r.rtfx).system
+    paired = alternated(short, top, fw_best, args.rounds)
     encoder = encoder_efficiency()
     print(f"  encoder: {encoder}", flush=True)
     report = {
@@ -146,10 +139,11 @@ def main() -> None:
         "rows": [r.as_dict() for r in rows],
         "streaming": streaming,
         "encoder": encoder,
+        "alternated": paired,
     }
     stem = f"{dt.date.today()}{'-quick' if args.quick else ''}"
     (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")  # the rows survive a failure below
-    report["targets"] = ratios(rows, streaming, encoder)
+    report["targets"] = ratios(rows, streaming, encoder, paired)
     write_outputs(report, rows, stem)
     print((RESULTS / f"{stem}.md").read_text())
 

@@ -118,3 +118,13 @@ class Peer:
     def stop(self):
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
+
+
+def faster_whisper(name: str) -> Peer:
+    """faster-whisper in the configurations that suit this machine: one model on all cores
+    (requests queue), or one single-threaded worker per core."""
+    cores = str(os.cpu_count())
+    precision = {"int8": "int8", "f32": "float32"}[name.split("-")[2]]
+    layout = {"sequential": ["--threads", cores, "--num-workers", "1"],
+              "workers": ["--threads", "1", "--num-workers", cores]}[name.split("-")[3]]
+    return Peer(name, "faster-whisper", "--compute-type", precision, *layout)

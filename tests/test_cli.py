@@ -38,6 +38,17 @@ def test_cli_srt_and_fixed_language():
     assert first[0] == "1" and first[1].startswith("00:00:00,000 --> 00:00:0")
 
 
+def test_cli_allowed_languages_confine_detection():
+    files = [str(clip_path("pl", name)) for name in ("liczenie", "witaj_swiecie")]
+    done = subprocess.run([CLI, "transcribe", *files, "--allowed-languages", "pl", "en", "--response-format", "verbose_json"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    count, greeting = [json.loads(line)["language"] for line in done.stdout.splitlines()]
+    assert count == "pl" and greeting in ("pl", "en")  # heard as Czech and Portuguese without the list
+    done = subprocess.run([CLI, "transcribe", files[0], "--allowed-languages", "pl", "xx"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Unsupported language 'xx'" in done.stderr
+
+
 def test_cli_rejects_unknown_language_and_model():
     done = subprocess.run([CLI, "transcribe", str(clip_path("es", "conteo")), "--language", "xx"],
                           capture_output=True, text=True, timeout=300)

@@ -134,6 +134,22 @@ async def test_vllm_protocol_short_clip_with_language_set(ws_url):
         assert "".join(e["delta"] for e in events if e["type"] == "transcription.delta") == done["text"]
 
 
+async def test_vllm_protocol_allowed_languages_confine_detection(ws_url):
+    """Whisper base hears this Polish count as Czech; with the session allowing Polish and
+    English it is Polish."""
+    async with websockets.connect(ws_url) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "model": "whisper-1", "allowed_languages": ["pl", "xx"]}))
+        await expect_error(ws, "unsupported_language")
+        await ws.send(json.dumps({"type": "session.update", "model": "whisper-1", "allowed_languages": ["pl", "en"]}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await send_frames(ws, pcm16(load_clip("pl", "liczenie")), 3200, 0.01)
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        events = await receive_until(ws, "transcription.done")
+        assert not [e for e in events if e["type"] == "error"], events
+        assert events[-1]["language"] == "pl", events[-1]
+
+
 async def test_vllm_protocol_reuses_one_connection_for_several_cycles(ws_url):
     """vLLM's own realtime test: a warm-up cycle, then the real one, on one connection."""
     async with websockets.connect(ws_url) as ws:

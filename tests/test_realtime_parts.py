@@ -134,6 +134,17 @@ def test_openai_session_update_sets_format_language_and_vad():
     assert off.turn_detection is None and off.language == "fr"  # fields not named stay as they were
 
 
+def test_allowed_languages_are_set_shown_and_cleared():
+    config = protocol.openai_session_update(protocol.OPENAI_DEFAULTS, {"type": "transcription", "audio": {"input": {
+        "transcription": {"allowed_languages": ["fr", "en"]}}}}, validate)
+    assert config.allowed_languages == ("fr", "en") and config.language is None
+    shown = protocol.session_object("s", config, "whisper-1")["audio"]["input"]["transcription"]
+    assert shown["allowed_languages"] == ["fr", "en"]
+    cleared = protocol.vllm_session_update(config, {"allowed_languages": None}, validate)
+    assert cleared.allowed_languages is None
+    assert "allowed_languages" not in protocol.session_object("s", cleared, "whisper-1")["audio"]["input"]["transcription"]
+
+
 def test_legacy_session_update_maps_onto_the_same_settings():
     config = protocol.legacy_session_update(protocol.OPENAI_DEFAULTS, {
         "input_audio_format": "g711_alaw", "input_audio_transcription": {"language": "en"}, "turn_detection": None}, validate)
@@ -143,6 +154,10 @@ def test_legacy_session_update_maps_onto_the_same_settings():
 @pytest.mark.parametrize("session, param", [
     ({"type": "realtime"}, "session.type"),
     ({"type": "transcription", "audio": {"input": {"transcription": {"language": "xx"}}}}, "session.audio.input.transcription.language"),
+    ({"type": "transcription", "audio": {"input": {"transcription": {"allowed_languages": ["fr", "xx"]}}}},
+     "session.audio.input.transcription.allowed_languages"),
+    ({"type": "transcription", "audio": {"input": {"transcription": {"allowed_languages": "fr"}}}},
+     "session.audio.input.transcription.allowed_languages"),
     ({"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "session.audio.input.turn_detection.type"),
     ({"type": "transcription", "audio": {"input": {"turn_detection": {"threshold": 2}}}}, "session.audio.input.turn_detection"),
     ({"type": "transcription", "audio": {"input": {"format": {"type": "audio/flac"}}}}, "session.audio.input.format"),

@@ -5,7 +5,7 @@ import io
 import pytest
 from starlette.datastructures import FormData, UploadFile
 
-from asr_service.cli import _option_values, _parser, _server_settings
+from asr_service.cli import _option_values, _server_settings, parse_args
 from asr_service.request_options import OPTIONS, OptionError, build_options
 from asr_service.server.request_form import parse_transcription_form
 from asr_service.speech_gate import VadSettings
@@ -44,7 +44,7 @@ def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
             else:
                 argv += [option.flag, value]
     from_form = parse_transcription_form(FormData(form), adapter, "transcribe").options
-    from_cli = build_options(_option_values(_parser().parse_args(argv)), adapter, "transcribe", "verbose_json")
+    from_cli = build_options(_option_values(parse_args(argv, {})), adapter, "transcribe", "verbose_json")
     assert from_cli == from_form
     assert from_form.candidate_languages == ("fr", "en") and from_form.hotwords == "Blanqui"
     assert from_form.top_p == 0.9 and from_form.top_k == 40 and from_form.beam_size == 3 and from_form.min_p == 0.05
@@ -55,14 +55,14 @@ def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
 
 
 def test_cli_shorthands_and_refusals(adapter):
-    args = _parser().parse_args(["transcribe", "x.wav", "--beam-size", "4", "--word-timestamps"])
+    args = parse_args(["transcribe", "x.wav", "--beam-size", "4", "--word-timestamps"], {})
     options = build_options(_option_values(args), adapter, "transcribe", "verbose_json")
     assert options.beam_size == 4 and options.word_timestamps
     with pytest.raises(OptionError, match="verbose_json") as refused:
         build_options(_option_values(args), adapter, "transcribe", "json")
     assert refused.value.param == "timestamp_granularities"
     with pytest.raises(SystemExit):  # argparse: "--top-p: top_p must be between 0.0 and 1.0, got 2.0"
-        _parser().parse_args(["transcribe", "x.wav", "--top-p", "2"])
+        parse_args(["transcribe", "x.wav", "--top-p", "2"], {})
 
 
 def test_what_a_stream_cannot_apply_is_refused(adapter):
@@ -108,9 +108,9 @@ def test_a_chunking_strategy_that_cannot_apply_is_refused(adapter, fields, says)
 
 def test_the_servers_default_stream_format_applies_when_a_request_names_none(adapter):
     """`serve --default-stream-format chunk`: plain stream=true gets vLLM / SGLang's chunks."""
-    settings = _server_settings(_parser().parse_args(["serve", "--default-stream-format", "chunk"]))
+    settings = _server_settings(parse_args(["serve", "--default-stream-format", "chunk"], {}))
     assert settings.default_stream_format == "chunk"
-    assert _server_settings(_parser().parse_args(["serve"])).default_stream_format == "openai"
+    assert _server_settings(parse_args(["serve"], {})).default_stream_format == "openai"
 
     def stream_format(*fields) -> str:
         form = FormData([("file", UploadFile(io.BytesIO(b"x"), filename="a.wav")), ("stream", "true"), *fields])

@@ -131,6 +131,23 @@ def test_sdk_given_language(client):
     assert result.language == "es" and "murci" in result.text.lower()
 
 
+def test_allowed_languages_confine_detection_to_the_list(client):
+    """Whisper base hears these Polish clips as Czech or Portuguese. Allowed Polish and English,
+    the count comes out Polish (the probability is over the two); the greeting, which the model
+    hears as English before Polish, comes out in one of the two; allowed Polish alone, Polish."""
+    def heard(name, allowed):
+        with open(clip_path("pl", name), "rb") as f:
+            return client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                      extra_body={"allowed_languages": allowed})
+
+    count = heard("liczenie", ["pl", "en"])
+    assert count.language == "pl" and 0.5 <= count.model_extra["language_probability"] <= 1.0
+    assert {s.model_extra["language"] for s in count.segments} == {"pl"}
+    assert heard("witaj_swiecie", ["pl", "en"]).language in ("pl", "en")
+    alone = heard("pangrama", ["pl"])
+    assert alone.language == "pl" and alone.model_extra["language_probability"] == 1.0
+
+
 def test_sdk_translation_to_english(client):
     with open(clip_path("fr", "comptage"), "rb") as f:
         result = client.audio.translations.create(model="whisper-1", file=f, response_format="verbose_json")

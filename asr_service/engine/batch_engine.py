@@ -48,7 +48,7 @@ class BatchEngine:
     # One encoder window per admission by default: on the CPU the encoder is compute-bound, so
     # stacking windows gains nothing and multiplies activation memory.
     # max_audio_windows bounds the windows decoded at once (each holds its cross-attention K/V,
-    # 37 MB for Whisper base in float32, the largest part of the engine's memory); a sequence that
+    # 37 MB for Whisper base in float32, half in bf16: the largest part of the engine's memory); a sequence that
     # needs a new one waits for a window to end. The encoder, one window at a time, is what bounds
     # throughput on the CPU, so a handful of windows in flight keep the decode steps batched.
     # encoder_dtype=torch.bfloat16 runs the encoder's matrix products in bfloat16 (autocast);

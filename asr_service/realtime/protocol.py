@@ -11,7 +11,9 @@
   ``conversation.item.input_audio_transcription.delta/completed/failed``; ``error`` carries an
   object {type, code, message, param, event_id}.
 
-Both dialects may set ``turn_detection`` (OpenAI's server_vad object, or null).
+Both dialects may set ``turn_detection`` (OpenAI's server_vad object, or null) and, where they
+set ``language``, ``allowed_languages`` (ours, as the HTTP form's): a list of codes detection
+then chooses among.
 """
 
 from __future__ import annotations
@@ -89,6 +91,15 @@ def _transcription_fields(config: SessionConfig, spec: dict, param: str, validat
             changes["language"] = validate_language(spec["language"])
         except ValueError as e:
             raise ProtocolError(str(e), code="unsupported_language", param=f"{param}.language") from None
+    if "allowed_languages" in spec:  # ours, as the HTTP form's allowed_languages[]
+        codes = spec["allowed_languages"]
+        if codes is not None and (not isinstance(codes, list) or not all(isinstance(c, str) for c in codes)):
+            raise ProtocolError("'allowed_languages' must be a list of language codes, or null",
+                                param=f"{param}.allowed_languages")
+        try:
+            changes["allowed_languages"] = tuple(validate_language(c) for c in codes) if codes else None
+        except ValueError as e:
+            raise ProtocolError(str(e), code="unsupported_language", param=f"{param}.allowed_languages") from None
     if "prompt" in spec:
         prompt = spec["prompt"]
         if prompt is not None and not isinstance(prompt, str):
@@ -142,13 +153,19 @@ def legacy_session_update(config: SessionConfig, session: dict, validate_languag
 
 # ---- session descriptions ----
 
+def _transcription_object(config: SessionConfig, model: str) -> dict:
+    body = {"model": model, "language": config.language, "prompt": config.prompt}
+    if config.allowed_languages:  # ours: shown only when set, so OpenAI's shape stays as it is
+        body["allowed_languages"] = list(config.allowed_languages)
+    return body
+
 def session_object(session_id: str, config: SessionConfig, model: str) -> dict:
     td = config.turn_detection
     return {
         "type": "transcription", "object": "realtime.transcription_session", "id": session_id,
         "audio": {"input": {
             "format": config.input_format.describe(),
-            "transcription": {"model": model, "language": config.language, "prompt": config.prompt},
+            "transcription": _transcription_object(config, model),
             "turn_detection": td.describe() if td else None,
             "noise_reduction": None,
         }},
@@ -162,7 +179,7 @@ def legacy_session_object(session_id: str, config: SessionConfig, model: str) ->
     return {
         "id": session_id, "object": "realtime.transcription_session",
         "input_audio_format": legacy_name[config.input_format.kind],
-        "input_audio_transcription": {"model": model, "language": config.language, "prompt": config.prompt},
+        "input_audio_transcription": _transcription_object(config, model),
         "turn_detection": td.describe() if td else None,
     }
 

@@ -52,6 +52,8 @@ class SessionConfig:
     prompt: str | None = None
     input_format: InputFormat = InputFormat()
     turn_detection: TurnDetectionSettings | None = None  # None: the client commits
+    # With language None: detection chooses only among these codes (None: among all).
+    allowed_languages: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -357,6 +359,7 @@ class RealtimeSession:
 
     def _options(self, utterance: Utterance) -> TranscriptionOptions:
         return TranscriptionOptions(language=utterance.language or self.config.language,
+                                    candidate_languages=self.config.allowed_languages,
                                     previous_text=self.config.prompt)
 
     async def _decode_partial(self, utterance: Utterance) -> None:
