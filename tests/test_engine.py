@@ -152,18 +152,22 @@ async def test_a_sequences_decode_does_not_depend_on_its_batch(precision, runtim
 @pytest.mark.parametrize("quantize", ["int8", "bf16"])
 def test_reduced_precision_engine_still_transcribes(quantize):
     """--quantize int8 (quantized linear layers) and bf16 (bfloat16 matrix products in the encoder
-    and the decoder): same pipeline."""
+    and the decoder, the audio's K/V cached in bfloat16): same pipeline, word times included."""
     from asr_service.runtime import RuntimeSettings, build_runtime
     from asr_service.transcription import TranscriptionOptions
 
     rt = build_runtime(RuntimeSettings(device="cpu", threads=2, max_batch_size=4, quantize=quantize))
     try:
         async def run():
-            return await asyncio.gather(*(rt.transcriber.transcribe(load_clip(*c), TranscriptionOptions())
-                                          for c in [("en", "quick_brown_fox"), ("fr", "pangrama"), ("zh", "nihao_shijie")]))
-        fox, fr, zh = asyncio.run(run())
+            clips = await asyncio.gather(*(rt.transcriber.transcribe(load_clip(*c), TranscriptionOptions())
+                                           for c in [("en", "quick_brown_fox"), ("fr", "pangrama"), ("zh", "nihao_shijie")]))
+            timed = await rt.transcriber.transcribe(load_clip("en", "quick_brown_fox"),
+                                                    TranscriptionOptions(timestamps=True, word_timestamps=True))
+            return *clips, timed
+        fox, fr, zh, timed = asyncio.run(run())
     finally:
         rt.close()
+    assert [w.word for w in timed.words] == timed.text.split() and timed.words[-1].end > timed.words[0].start
     assert fox.language == "en" and fox.text == "The quick brown fox jumps over the lazy dog."
     assert fr.language == "fr" and fr.text.startswith("Portez ce vi")
     assert zh.language == "zh" and zh.text.startswith("你好")

@@ -265,7 +265,8 @@ class TextDecoder(nn.Module):
         found: dict[tuple[int, int], torch.Tensor] = {}
         for i, (layer, (ck, cv)) in enumerate(zip(self.layers, cross)):
             wanted = [h for l, h in heads if l == i]
-            scratch_k = torch.zeros(1, layer.n_head, n, ck.shape[-1], device=ck.device, dtype=ck.dtype)
+            # The self-attention caches' precision (the activations'), not the audio cache's.
+            scratch_k = torch.zeros(1, layer.n_head, n, ck.shape[-1], device=ck.device, dtype=self.positions.dtype)
             scratch_v = torch.zeros_like(scratch_k)
             if wanted:
                 x, weights = layer(x, scratch_k, scratch_v, ck, cv, positions, causal, wanted)
