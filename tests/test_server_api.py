@@ -80,7 +80,11 @@ def test_models_lists_the_served_name(client):
 def test_sdk_json_with_fused_detection_on_french(client):
     with open(clip_path("fr", "pangrama"), "rb") as f:
         result = client.audio.transcriptions.create(model="whisper-1", file=f)
-    assert result.text.startswith("Portez ce vieux whisky")
+    # Whisper base on this clip in bf16 (the default on CPUs with AVX512-BF16 or AMX) writes
+    # "vieau esqui" for "vieux whisky", float32 "vieux whisky" (docs/performance.md); the rest is
+    # what both write.
+    words = result.text.split()
+    assert words[:2] == ["Portez", "ce"] and words[-4:] == ["au", "juge", "Blanqui", "Fume."], result.text
 
 
 def test_sdk_beam_search_through_extra_body(client):
