@@ -136,4 +136,6 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits(), on_progress: 
     audio = np.concatenate(pieces).astype(np.float32, copy=False)[:max_samples]
     if not np.isfinite(audio).all():
         raise InvalidAudioError("decoded samples are not finite")
-    return audio
+    # Float formats may hold samples past full scale; the log-mel of 1e30 overflows to inf and the
+    # model's caches to NaN. Past full scale is clipping anyway, as any PCM conversion would do.
+    return np.clip(audio, -1.0, 1.0, out=audio)

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from support.clips import load_clip
 
@@ -208,3 +209,18 @@ def test_the_torch_bitmask_used_on_gpus_matches_xgrammars_kernel():
     apply_bitmask(logits, bitmask)
     assert torch.equal(torch.isinf(logits), torch.isinf(expected)) and torch.equal(logits, expected)
     assert not torch.isinf(logits[3]).any() and torch.isinf(logits[:3]).any()
+
+
+async def test_a_row_left_with_nan_by_its_last_sequence_does_not_poison_the_next(runtime):
+    """A step reads keys past a row's length, masked (softmax weight 0); 0 x NaN is NaN, so the
+    engine zeroes a row's caches when a sequence takes it. Seen before: after the fuzz suite a
+    server answered clear speech with ""."""
+    from asr_service.transcription import TranscriptionOptions
+
+    audio = load_clip("en", "hello_world")
+    assert (await runtime.transcriber.transcribe(audio, TranscriptionOptions())).text == "Hello world."
+    with torch.inference_mode():
+        for k, v in runtime.engine._slots.self_kv:
+            k[:, :, 40:] = float("nan")
+            v[:, :, 40:] = float("nan")
+    assert (await runtime.transcriber.transcribe(audio, TranscriptionOptions())).text == "Hello world."

@@ -175,6 +175,7 @@ class BatchEngine:
     def _admit(self, seqs: list[DecodingSequence]) -> None:
         first = len(self._active)
         self._slots.ensure(first + len(seqs), max(len(s.tokens) for s in seqs), in_use=first)
+        self._slots.clear_rows(first, len(seqs))
         first_audio = len(self._audio_readers)
         audio_of: dict[int, int] = {}  # id of a search (its beam group, or the sequence) -> its audio slot
         readers: list[DecodingSequence] = []  # one sequence per new audio slot

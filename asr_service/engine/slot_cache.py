@@ -87,6 +87,14 @@ class SlotCache:
             layers[i] = (grown(k), grown(v))
             del k, v
 
+    def clear_rows(self, first: int, count: int) -> None:
+        """Zero rows' self-attention K/V before new sequences take them. A step reads a span
+        rounded up past a row's length with those keys masked: softmax weights them 0, but 0
+        times a NaN left by an earlier occupant is NaN, which would poison the new sequence."""
+        for k, v in self.self_kv:
+            k[first : first + count].zero_()
+            v[first : first + count].zero_()
+
     def batch_views(self, rows: int, length: int, audios: int) -> tuple[list[KV], list[KV]]:
         """(self K/V of rows 0..rows-1 over ``length`` positions, cross K/V of audios 0..audios-1)."""
         return ([(k[:rows, :, :length], v[:rows, :, :length]) for k, v in self.self_kv],
