@@ -120,11 +120,18 @@ class Peer:
         self.proc.wait(timeout=30)
 
 
-def faster_whisper(name: str) -> Peer:
-    """faster-whisper in the configurations that suit this machine: one model on all cores
-    (requests queue), or one single-threaded worker per core."""
+# faster-whisper in the configurations that suit this machine: one model on all cores (requests
+# queue), or one single-threaded worker per core; int8 or float32.
+def _layouts() -> dict[str, list[str]]:
     cores = str(os.cpu_count())
-    precision = {"int8": "int8", "f32": "float32"}[name.split("-")[2]]
-    layout = {"sequential": ["--threads", cores, "--num-workers", "1"],
-              "workers": ["--threads", "1", "--num-workers", cores]}[name.split("-")[3]]
-    return Peer(name, "faster-whisper", "--compute-type", precision, *layout)
+    return {"sequential": ["--threads", cores, "--num-workers", "1"], "workers": ["--threads", "1", "--num-workers", cores]}
+
+
+FASTER_WHISPER = {f"faster-whisper-{short}-{layout}": (precision, layout)
+                  for short, precision in (("int8", "int8"), ("f32", "float32")) for layout in ("sequential", "workers")}
+
+
+def faster_whisper(name: str) -> Peer:
+    """One of FASTER_WHISPER's configurations, by its bench name."""
+    precision, layout = FASTER_WHISPER[name]
+    return Peer(name, "faster-whisper", "--compute-type", precision, *_layouts()[layout])
