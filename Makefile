@@ -2,6 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
 
 .PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long speech-tools clean
 
@@ -9,9 +10,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# torch first, pinned: the CPU wheel (an unpinned torch pulls a multi-GB CUDA build).
-$(STAMP): pyproject.toml | $(BIN)/python
+# torch first, pinned: the CPU wheel (an unpinned torch pulls a multi-GB CUDA build). Serving
+# needs the project's own dependencies only; the tests add the dev extra (pytest, the OpenAI SDK,
+# selenium, hypothesis, transformers, ...) to the same venv.
+$(SERVE_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e .
+	touch $(SERVE_STAMP)
+
+$(STAMP): $(SERVE_STAMP)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -46,11 +53,11 @@ load-test: $(STAMP)
 	ASR_LOAD_SECONDS=$(LOAD_SECONDS) $(BIN)/python -m pytest -s tests/test_load.py
 
 # The main job: the OpenAI-compatible server on 127.0.0.1:8000 with the packaged model.
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	$(BIN)/asr-service serve --host 127.0.0.1 --port 8000 $(ARGS)
 
 # A file from the command line: make transcribe FILE=speech.wav [ARGS="--response-format srt"]
-transcribe: $(STAMP)
+transcribe: $(SERVE_STAMP)
 	@test -n "$(FILE)" || { echo "usage: make transcribe FILE=path/to/audio [ARGS='--language fr ...']"; exit 2; }
 	$(BIN)/asr-service transcribe $(FILE) $(ARGS)
 

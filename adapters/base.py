@@ -120,5 +120,9 @@ class TranscriptionAdapter(ABC):
         """(word, number of tokens) covering text ``token_ids`` in order (word timestamps)."""
         raise NotImplementedError(f"{type(self).__name__} cannot time words")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a generated text token spells (include[]=logprobs)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot spell single tokens")
+
     def joiner(self, language: str | None) -> str:
         return "" if language in self.config.no_space_languages else " "

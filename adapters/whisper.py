@@ -231,6 +231,9 @@ class WhisperAdapter(TranscriptionAdapter):
     def decode_text(self, token_ids: list[int]) -> str:
         return self.tok.decode(token_ids)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.tok.token_bytes(token_id)
+
     def strip_special_tokens(self, text: str) -> str:
         """Remove Whisper's own tokens only; a spoken "<|foo|>" stays."""
         for name in self.tok.special_token_strings:

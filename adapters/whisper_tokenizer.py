@@ -16,6 +16,20 @@ _LANGUAGE_TOKEN = re.compile(r"^<\|([a-z]{2,3}|haw|yue)\|>$")
 TIME_PRECISION = 0.02
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's character for each byte (the GPT-2 scheme Whisper's vocabulary is
+    written in): printable bytes stand for themselves, the other 68 take the characters from
+    U+0100 on, in byte order. Inverted: character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    others = [b for b in range(256) if b not in printable]
+    alphabet = {chr(b): b for b in printable}
+    alphabet.update({chr(0x100 + n): b for n, b in enumerate(others)})
+    return alphabet
+
+
+_BYTE_OF_CHARACTER = _byte_level_alphabet()
+
+
 class WhisperTokenizer:
     def __init__(self, tokenizer_file: Path, vocab_size: int):
         self._tok = Tokenizer.from_file(str(tokenizer_file))
@@ -67,6 +81,13 @@ class WhisperTokenizer:
         if token_id >= self.timestamp_begin:
             return "<|%.2f|>" % self.timestamp_seconds(token_id)
         return self._by_id.get(token_id, "")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes a text token spells (a character may span tokens, so a token's bytes
+        need not decode on their own)."""
+        if token_id >= self.eot:
+            raise ValueError(f"token {token_id} is not a text token")
+        return bytes(_BYTE_OF_CHARACTER[c] for c in self._by_id[token_id])
 
     def encoded_vocab(self) -> list[str]:
         """Vocabulary strings by id, timestamps included (for xgrammar's TokenizerInfo)."""

@@ -25,8 +25,13 @@ def usage(result: TranscriptionResult) -> dict:
     return {"type": "duration", "seconds": max(1, math.ceil(result.duration))}
 
 
+def logprobs(result: TranscriptionResult) -> dict:
+    """OpenAI's ``logprobs`` field (include[]=logprobs), or nothing when it was not asked for."""
+    return {} if result.logprobs is None else {"logprobs": [asdict(t) for t in result.logprobs]}
+
+
 def to_json(result: TranscriptionResult) -> dict:
-    return {"text": result.text, "usage": usage(result)}
+    return {"text": result.text, **logprobs(result), "usage": usage(result)}
 
 
 def to_verbose_json(result: TranscriptionResult) -> dict:

@@ -110,6 +110,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("length_penalty", float, "beam ranking: ((5 + length) / 6) ** penalty (default: divide by length)",
            0.0, 10.0),
     Option("timestamp_granularities", list, "segment (any format) and/or word (verbose_json only)"),
+    Option("include", list, "logprobs: each text token with its log-probability (response_format json)"),
 )
 
 
@@ -149,6 +150,17 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         raise OptionError("timestamp_granularities", "This model cannot time words; use 'segment'",
                           code="unsupported_value")
 
+    include = list(given("include", []))
+    for item in include:
+        if item != "logprobs":
+            raise OptionError("include", f"include[]={item!r} is not supported; the one value is 'logprobs'",
+                              code="unsupported_value")
+    token_logprobs = "logprobs" in include
+    # OpenAI's rule: logprobs come with the json format (and its stream's done event) only.
+    if token_logprobs and response_format != "json":
+        raise OptionError("include", f"include[]=logprobs needs response_format 'json', not {response_format!r}",
+                          code="unsupported_value")
+
     beams = given("n", 5) if given("use_beam_search", False) else 1  # faster-whisper's default beam size
     fallback = given("temperature_fallback")
     if stream:
@@ -185,6 +197,7 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         vad_filter=given("vad_filter", True),
         vad=_vad_settings(given("chunking_strategy"), given("vad_filter", True)),
         word_timestamps=word_timestamps,
+        token_logprobs=token_logprobs,
         beam_size=beams,
         length_penalty=given("length_penalty"),
         detection=detection,

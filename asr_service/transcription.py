@@ -71,6 +71,8 @@ class TranscriptionOptions:
     word_timestamps: bool = False  # words with times, from the alignment heads' attention
     beam_size: int = 1  # above 1: beam search for the temperature-0 decode (fallback retries sample)
     length_penalty: float | None = None
+    # The kept decodes' text tokens with their log-probabilities in the result (include[]=logprobs).
+    token_logprobs: bool = False
     # Audio with no speech gets its most probable language (one encoder pass, one decoder step)
     # rather than none; realtime partial decodes, which only compare texts, skip it.
     name_language_of_silence: bool = True
@@ -107,6 +109,17 @@ class Segment:
     language: str | None
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated text token, in OpenAI's logprobs shape: its text, its UTF-8 bytes (a
+    character may span tokens: then ``token`` holds U+FFFD for the part it lacks) and its
+    log-probability under the decode that was kept."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
 @dataclass
 class TranscriptionResult:
     task: str
@@ -123,6 +136,7 @@ class TranscriptionResult:
     # "length" when the token cap (max_completion_tokens, or the model's) cut a kept decode's
     # text, else "stop": what vLLM and SGLang report as finish_reason.
     finish_reason: str = "stop"
+    logprobs: list[TokenLogprob] | None = None  # with token_logprobs: every text token, in order
 
 
 @dataclass
@@ -594,11 +608,23 @@ class Transcriber:
         timed = word_times(pieces, np.concatenate([rows, end_row], axis=1), outcome.chunk.duration)
         return [replace(w, word=w.word.strip()) for w in timed if w.word.strip()]
 
+    def _token_logprobs(self, outcome: ChunkOutcome) -> list[TokenLogprob]:
+        """The kept decode's text tokens (not its prefix, timestamps or end) with their logprobs."""
+        result, eot = outcome.result, outcome.params.eot_id
+        spelled = []
+        for j in range(outcome.parsed.prefix_length, len(result.token_ids)):
+            token = result.token_ids[j]
+            if token < eot:
+                raw = self.adapter.token_bytes(token)
+                spelled.append(TokenLogprob(raw.decode("utf-8", errors="replace"), result.logprobs[j], list(raw)))
+        return spelled
+
     def _assemble(self, windows: list[WindowOutcome], options: TranscriptionOptions, duration: float,
                   speech: list[tuple[int, int]] | None) -> TranscriptionResult:
         adapter = self.adapter
         segments: list[Segment] = []
         words: list[Word] = []
+        logprobs: list[TokenLogprob] = []
         chunk_texts: list[tuple[str | None, str]] = []
         failures: list[str] = []
         outcomes = [piece for window in windows for piece in window.pieces]
@@ -622,6 +648,8 @@ class Transcriber:
                 ))
             if parsed.text:
                 chunk_texts.append((parsed.language, parsed.text))
+            if options.token_logprobs:
+                logprobs += self._token_logprobs(outcome)
             if options.word_timestamps:
                 words += [replace(w, start=round(w.start + chunk.start, 2), end=round(w.end + chunk.start, 2))
                           for w in self._words(outcome)]
@@ -643,6 +671,7 @@ class Transcriber:
             prompt_tokens=sum(len(o.params.prompt_ids) for o in outcomes if o.params is not None),
             output_tokens=sum(len(o.result.token_ids) for o in outcomes if o.params is not None),
             finish_reason="length" if any(o.result.finish_reason == "length" for o in outcomes) else "stop",
+            logprobs=logprobs if options.token_logprobs else None,
         )
 
 

@@ -64,6 +64,26 @@ def test_known_language_output_has_no_prefix(adapter, tok):
     assert (parsed.language, parsed.text) == ("de", "Guten Tag.")
 
 
+def test_every_text_token_spells_the_bytes_the_tokenizer_decodes_it_to(adapter, tok):
+    """token_bytes (include[]=logprobs) against the tokenizer's own decoding: a token that is
+    whole characters decodes to exactly its bytes, and a text of multi-byte characters split
+    across tokens is spelled exactly by its tokens' bytes together."""
+    whole = 0
+    for token in range(tok.eot):
+        raw = adapter.token_bytes(token)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        assert text == tok.decode([token]), token
+        whole += 1
+    assert whole > 0.9 * tok.eot
+    text = " Zürich, 東京, ça va? Привет"
+    assert b"".join(adapter.token_bytes(t) for t in ids(tok, text)).decode("utf-8") == text
+    with pytest.raises(ValueError):
+        adapter.token_bytes(tok.eot)
+
+
 def test_strip_special_tokens_keeps_spoken_lookalikes(adapter):
     text = "<|en|><|transcribe|><|notimestamps|> say <|foo|> and <|0.00|>hi<|endoftext|>"
     assert adapter.strip_special_tokens(text) == " say <|foo|> and hi"

@@ -49,6 +49,14 @@ def test_cli_allowed_languages_confine_detection():
     assert done.returncode == 2 and "Unsupported language 'xx'" in done.stderr
 
 
+def test_cli_json_with_logprobs():
+    done = subprocess.run([CLI, "transcribe", str(clip_path("en", "quick_brown_fox")), "--include", "logprobs"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(done.stdout)
+    assert b"".join(bytes(t["bytes"]) for t in result["logprobs"]).decode().strip() == result["text"]
+    assert all(t["logprob"] <= 0 for t in result["logprobs"])
+
+
 def test_cli_rejects_unknown_language_and_model():
     done = subprocess.run([CLI, "transcribe", str(clip_path("es", "conteo")), "--language", "xx"],
                           capture_output=True, text=True, timeout=300)

@@ -152,6 +152,35 @@ def test_allowed_languages_confine_detection_to_the_list(client):
     assert alone.language == "pl" and alone.model_extra["language_probability"] == 1.0
 
 
+def _spelled(logprobs) -> str:
+    return b"".join(bytes(int(b) for b in t.bytes) for t in logprobs).decode("utf-8")
+
+
+@pytest.mark.parametrize("language,name", [("en", "quick_brown_fox"), ("zh", "nihao_shijie")])
+def test_sdk_json_with_logprobs_spells_the_text_token_by_token(client, language, name):
+    """include[]=logprobs: every text token, in order, in OpenAI's shape. Their bytes spell the
+    text exactly (Chinese characters span tokens, so a token's own text may not decode); each
+    logprob is a log-probability, and the clean clip's are mostly confident."""
+    with open(clip_path(language, name), "rb") as f:
+        result = client.audio.transcriptions.create(model="whisper-1", file=f, include=["logprobs"])
+    assert result.logprobs and _spelled(result.logprobs).strip() == result.text
+    assert all(t.logprob <= 0 and t.token for t in result.logprobs)
+    assert np.median([t.logprob for t in result.logprobs]) > -0.5
+    with open(clip_path(language, name), "rb") as f:
+        assert client.audio.transcriptions.create(model="whisper-1", file=f).logprobs is None  # only when asked
+
+
+def test_sdk_stream_with_logprobs_carries_them_on_the_done_event(client):
+    with open(clip_path("en", "quick_brown_fox"), "rb") as f:
+        events = list(client.audio.transcriptions.create(model="whisper-1", file=f, stream=True,
+                                                         include=["logprobs"]))
+    done = [e for e in events if e.type == "transcript.text.done"]
+    assert len(done) == 1 and done[0].logprobs and _spelled(done[0].logprobs).strip() == done[0].text
+    with open(clip_path("en", "quick_brown_fox"), "rb") as f:
+        whole = client.audio.transcriptions.create(model="whisper-1", file=f, include=["logprobs"])
+    assert [(t.token, t.logprob) for t in done[0].logprobs] == [(t.token, t.logprob) for t in whole.logprobs]
+
+
 def test_sdk_translation_to_english(client):
     with open(clip_path("fr", "comptage"), "rb") as f:
         result = client.audio.translations.create(model="whisper-1", file=f, response_format="verbose_json")
@@ -383,7 +412,9 @@ def test_unknown_language_names_the_parameter_and_lists_codes(server):
     ({"temperature": "hot"}, "temperature"),
     ({"stream": "maybe"}, "stream"),
     ({"timestamp_granularities[]": "word"}, "timestamp_granularities"),
-    ({"include[]": "logprobs"}, "include"),
+    ({"include[]": "segments"}, "include"),
+    ({"include[]": "logprobs", "response_format": "verbose_json"}, "include"),
+    ({"include[]": "logprobs", "stream": "true", "stream_format": "chunk"}, "include"),
     ({"stream": "true", "response_format": "srt"}, "stream"),
     ({"top_p": "2"}, "top_p"),
     ({"log_prob_threshold": "3"}, "log_prob_threshold"),

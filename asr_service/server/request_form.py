@@ -92,9 +92,6 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         if to_language is not None and to_language.lower() != "en":
             raise _bad("to_language", f"Translations are into English only; to_language {to_language!r} is not "
                                       "supported", code="unsupported_value")
-    for item in _list(form, "include"):
-        raise _bad("include", f"include[]={item!r} is not supported by this server", code="unsupported_value")
-
     try:
         stream = OPTION_STREAM.parse(_text(form, "stream") or "false")
         stream_format = _text(form, "stream_format") or default_stream_format
@@ -104,6 +101,9 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
             raise OptionError("stream", f"Streaming returns text events; use response_format json or text, not "
                                         f"{response_format!r}", code="unsupported_value")
         options = build_options(_values(form), adapter, task, response_format, stream, detection)
+        if options.token_logprobs and stream and stream_format == "chunk":
+            raise OptionError("include", "include[]=logprobs streams in OpenAI's events (the done event carries "
+                                         "them); stream_format=chunk has no place for them", code="unsupported_value")
         include_usage = OPTION_INCLUDE_USAGE.parse(_text(form, "stream_include_usage") or "false")
         continuous_usage = OPTION_CONTINUOUS_USAGE.parse(_text(form, "stream_continuous_usage_stats") or "false")
         if continuous_usage and not (stream and stream_format == "chunk"):

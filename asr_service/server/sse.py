@@ -9,6 +9,7 @@ import uuid
 from typing import AsyncIterator
 
 from ..engine.params import EngineUnavailable
+from ..formats import logprobs
 from ..streaming import StreamDelta, StreamDone, StreamFailed, StreamItem
 from .errors import OpenAIError
 
@@ -48,6 +49,7 @@ async def openai_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict]
             yield _data({
                 "type": "transcript.text.done",
                 "text": item.text,
+                **logprobs(item.result),
                 "usage": {"type": "tokens", "input_tokens": item.result.prompt_tokens,
                           "output_tokens": item.result.output_tokens,
                           "total_tokens": item.result.prompt_tokens + item.result.output_tokens},
