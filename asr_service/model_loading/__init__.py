@@ -1,6 +1,7 @@
-"""Find and load a Whisper model: the packaged default, a CTranslate2 directory or an HF directory.
+"""Find and load a Whisper model: the packaged default, a CTranslate2 directory, an HF directory,
+or a hub repository id (fetched into the hub cache by hub.py, then loaded as a directory).
 
-Nothing here touches the network: weights come from installed packages or local paths.
+Only a hub repository id touches the network; the packaged model and directories never do.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..engine.model import Whisper, WhisperDims
 from ..heap import return_freed_memory
 from .ctranslate2_format import read_ctranslate2_variables
 from .ctranslate2_whisper import convert_ctranslate2_whisper
+from . import hub
 from .errors import ModelLoadError
 from .hf_whisper import read_hf_dims, read_hf_whisper
 
@@ -31,7 +33,9 @@ PACKAGED_MODELS = {
 ACCEPTED = (
     f"a packaged model name ({', '.join(PACKAGED_MODELS)}), a CTranslate2/faster-whisper model "
     "directory (model.bin + tokenizer.json), or an HF-format Whisper directory (config.json with "
-    "model_type 'whisper' + *.safetensors or pytorch_model.bin + tokenizer.json)"
+    "model_type 'whisper' + *.safetensors or pytorch_model.bin + tokenizer.json), or a hub repository "
+    "id in either layout (owner/name, optionally @revision: Systran/faster-whisper-small, "
+    "openai/whisper-large-v3-turbo)"
 )
 
 
@@ -76,7 +80,7 @@ def _load_ctranslate2(name: str, bin_parts: list[Path], directory: Path) -> Load
     )
 
 
-def _load_hf(directory: Path, weights: bool = True) -> LoadedModel:
+def _load_hf(name: str, directory: Path, weights: bool = True) -> LoadedModel:
     if weights:
         dims, sd = read_hf_whisper(directory)
     else:
@@ -84,7 +88,7 @@ def _load_hf(directory: Path, weights: bool = True) -> LoadedModel:
     gen_file = directory / "generation_config.json"
     gen = json.loads(gen_file.read_text()) if gen_file.exists() else {}
     return LoadedModel(
-        name=directory.name,
+        name=name,
         model=_build(dims, sd) if weights else None,
         config_dims=dims,
         tokenizer_file=_require(directory / "tokenizer.json"),
@@ -123,9 +127,16 @@ def _load(spec: str, weights: bool = True) -> LoadedModel:
         return _load_ctranslate2(spec, parts, data)
     path = Path(spec).expanduser()
     if path.is_dir():
-        if (path / "model.bin").exists():
-            return _load_ctranslate2(path.name, [path / "model.bin"], path)
-        if (path / "config.json").exists():
-            return _load_hf(path, weights)
-        raise ModelLoadError(f"{path} holds neither model.bin nor config.json; a model is {ACCEPTED}")
-    raise ModelLoadError(f"unknown model {spec!r}: not a packaged name and not a directory; a model is {ACCEPTED}")
+        return _load_directory(path.name, path, weights)
+    if hub.is_repo_id(spec):
+        return _load_directory(spec, hub.fetch(spec), weights)
+    raise ModelLoadError(f"unknown model {spec!r}: not a packaged name, a directory or a hub repository id; a model "
+                         f"is {ACCEPTED}")
+
+
+def _load_directory(name: str, path: Path, weights: bool) -> LoadedModel:
+    if (path / "model.bin").exists():
+        return _load_ctranslate2(name, [path / "model.bin"], path)
+    if (path / "config.json").exists():
+        return _load_hf(name, path, weights)
+    raise ModelLoadError(f"{path} holds neither model.bin nor config.json; a model is {ACCEPTED}")
