@@ -19,6 +19,9 @@ NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "yue", "th", "lo", "my", "bo", "km"}
 _CLOSING_PUNCTUATION = frozenset("\"'.。,，!！?？:：”)]}、")
 _OPENING_PUNCTUATION = frozenset("\"'“¿([{-")
 _TIMESTAMP_TEXT = re.compile(r"<\|\d+\.\d\d\|>")
+# openai/whisper's rule: multilingual checkpoints have at least this many tokens; English-only
+# (.en) ones have one fewer text token, and are never prompted with a language or task.
+MULTILINGUAL_VOCAB_SIZE = 51865
 
 
 class WhisperAdapter(TranscriptionAdapter):
@@ -40,14 +43,17 @@ class WhisperAdapter(TranscriptionAdapter):
         no_speech = (tokenizer.no_speech,) if tokenizer.no_speech is not None else ()
         self._probe_ids = tuple(tokenizer.language_ids.values()) + no_speech
 
-    @classmethod
-    def from_loaded(cls, loaded) -> "WhisperAdapter":
+    @staticmethod
+    def from_loaded(loaded) -> "WhisperAdapter":
+        """The adapter for a loaded model: multilingual, or English-only by its vocabulary size.
+        Every id comes from the model's own tokenizer and config."""
         tok = WhisperTokenizer(loaded.tokenizer_file, loaded.dims.n_vocab)
         heads = loaded.alignment_heads
         if not heads:  # the model names none: every head of the upper half of the decoder
             d = loaded.dims
             heads = [(layer, h) for layer in range(d.n_text_layer // 2, d.n_text_layer) for h in range(d.n_text_head)]
-        return cls(tok, loaded.suppress_ids, loaded.dims.n_text_ctx, tuple(tuple(h) for h in heads))
+        family = WhisperAdapter if loaded.dims.n_vocab >= MULTILINGUAL_VOCAB_SIZE else EnglishOnlyWhisperAdapter
+        return family(tok, loaded.suppress_ids, loaded.dims.n_text_ctx, tuple(tuple(h) for h in heads))
 
     # ---- prompts ----
     def _context(self, previous_text: str | None) -> list[int]:
@@ -61,14 +67,18 @@ class WhisperAdapter(TranscriptionAdapter):
         text = previous_text.strip()[-budget * self.tok.longest_text_token :]
         return [self.tok.sot_prev] + self.tok.encode(" " + text)[-budget:]
 
+    def _text_start_after(self, timestamps: bool) -> frozenset[int]:
+        """The token after which text begins: the task token (timestamps) or <|notimestamps|>."""
+        tok = self.tok
+        return frozenset({tok.transcribe, tok.translate} if timestamps else {tok.no_timestamps})
+
     def _params(self, prompt: list[int], key: GrammarKey, probe_index: int, extra_prefix: int) -> DecodeParams:
         tok = self.tok
-        start_after = {tok.transcribe, tok.translate} if key.timestamps else {tok.no_timestamps}
         return DecodeParams(
             prompt_ids=tuple(prompt),
             eot_id=tok.eot,
             constraint=self.grammars.get(key),
-            text_start_after_ids=frozenset(start_after),
+            text_start_after_ids=self._text_start_after(key.timestamps),
             blank_ids=self._blank,
             timestamp_begin=tok.timestamp_begin if key.timestamps else None,
             probe_index=probe_index,
@@ -248,3 +258,49 @@ class WhisperAdapter(TranscriptionAdapter):
 
     def no_speech_probability(self, probe_probs: dict[int, float]) -> float | None:
         return probe_probs.get(self.tok.no_speech) if self.tok.no_speech is not None else None
+
+
+class EnglishOnlyWhisperAdapter(WhisperAdapter):
+    """Whisper's English-only checkpoints (tiny.en ... medium.en, distil .en): trained on
+    ``<|startoftranscript|>`` then the text (``<|notimestamps|>`` first when without timestamps),
+    with no language or task token. Their tokenizer still lists the language tokens, at ids one
+    lower than the multilingual ones; the model never emits them. So there is nothing to
+    detect: every request is English, and translation does not exist."""
+
+    supported_tasks = ("transcribe",)
+    supports_language_detection = False
+
+    def __init__(self, tokenizer: WhisperTokenizer, suppress_ids: list[int] = (), n_text_ctx: int = 448,
+                 alignment_heads: tuple[tuple[int, int], ...] = ()):
+        super().__init__(tokenizer, suppress_ids, n_text_ctx, alignment_heads)
+        self.supported_languages = ("en",)
+        self.config = SpeechToTextConfig()
+        self._probe_ids = (tokenizer.no_speech,) if tokenizer.no_speech is not None else ()
+
+    def _text_start_after(self, timestamps: bool) -> frozenset[int]:
+        return frozenset({self.tok.sot} if timestamps else {self.tok.no_timestamps})
+
+    def build_prompt(self, language, task="transcribe", timestamps=False, previous_text=None) -> DecodeParams:
+        self._check_task(task)
+        if self.validate_language(language) is None:
+            raise ValueError("build_prompt needs a language: 'en' for an English-only model")
+        ctx = self._context(previous_text)
+        prompt = ctx + [self.tok.sot] + ([] if timestamps else [self.tok.no_timestamps])
+        return self._params(prompt, self.grammars.key(task, timestamps, None), len(ctx), 0)
+
+    def build_fused_autodetect_params(self, task="transcribe", timestamps=False, candidate_languages=None,
+                                      previous_text=None) -> DecodeParams:
+        raise NotImplementedError("an English-only Whisper detects no language: every request is English")
+
+    def build_canary(self, previous_text: str | None = None) -> CanaryDecode:
+        # The canary tells servers apart by the language and task tokens these models never emit.
+        raise ValueError("English-only Whisper models are served by the embedded engine, not through SGLang")
+
+    def _prefix_in_prompt(self, params: DecodeParams) -> bool:
+        return True  # there is no prefix to generate
+
+    def parse_output(self, token_ids: list[int], params: DecodeParams) -> ParsedOutput:
+        return self._parse_body("en", list(token_ids))
+
+    def language_probabilities(self, probe_probs, candidate_languages=None) -> dict[str, float]:
+        return {"en": 1.0}

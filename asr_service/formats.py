@@ -48,6 +48,7 @@ def to_verbose_json(result: TranscriptionResult) -> dict:
         "duration": result.duration,
         "text": result.text,
         "segments": segments,
+        **logprobs(result),
         "usage": usage(result),
     }
     if result.words is not None:

@@ -110,7 +110,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("length_penalty", float, "beam ranking: ((5 + length) / 6) ** penalty (default: divide by length)",
            0.0, 10.0),
     Option("timestamp_granularities", list, "segment (any format) and/or word (verbose_json only)"),
-    Option("include", list, "logprobs: each text token with its log-probability (response_format json)"),
+    Option("include", list, "logprobs: each text token with its log-probability (json, verbose_json)"),
 )
 
 
@@ -133,6 +133,9 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         except UnsupportedLanguageError as e:
             raise OptionError(name, str(e), code="unsupported_language") from None
 
+    if task not in adapter.supported_tasks:
+        raise OptionError("model", f"This model cannot {task}: it only does {', '.join(adapter.supported_tasks)} "
+                                   "(English-only Whisper models do not translate)", code="unsupported_value")
     if response_format in TIMED_FORMATS and not adapter.supports_timestamps:
         raise OptionError("response_format", f"This model cannot time its text; {response_format!r} needs times. "
                                              "Use 'json' or 'text'", code="unsupported_value")
@@ -156,10 +159,11 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
             raise OptionError("include", f"include[]={item!r} is not supported; the one value is 'logprobs'",
                               code="unsupported_value")
     token_logprobs = "logprobs" in include
-    # OpenAI's rule: logprobs come with the json format (and its stream's done event) only.
-    if token_logprobs and response_format != "json":
-        raise OptionError("include", f"include[]=logprobs needs response_format 'json', not {response_format!r}",
-                          code="unsupported_value")
+    # OpenAI gives logprobs in json (and its stream's done event); verbose_json has them too here,
+    # beside the segments. text and the subtitle formats have no place for them.
+    if token_logprobs and response_format not in ("json", "verbose_json"):
+        raise OptionError("include", f"include[]=logprobs needs response_format 'json' or 'verbose_json', not "
+                                     f"{response_format!r}", code="unsupported_value")
 
     beams = given("n", 5) if given("use_beam_search", False) else 1  # faster-whisper's default beam size
     fallback = given("temperature_fallback")

@@ -272,6 +272,7 @@ class Transcriber:
         generator early cancels every decode still running. A streamed run counts its tokens
         in ``tally`` as they are generated."""
         tally = TokenTally() if tally is None else tally
+        options = self._for_model(options)
         plan = await self.plan(audio, options)
         chunks = plan.windows
         conditioned = options.condition_on_previous_text
@@ -306,7 +307,14 @@ class Transcriber:
         the caller gets a 400 instead of a failure mid-request."""
         # Conditioning on the previous chunk puts its text in the next chunk's prompt.
         previous = "." if options.condition_on_previous_text else None
-        return self.engine.refusal(self.params_for(options, previous_text=previous))
+        return self.engine.refusal(self.params_for(self._for_model(options), previous_text=previous))
+
+    def _for_model(self, options: TranscriptionOptions) -> TranscriptionOptions:
+        """A model that detects no language (English-only Whisper) transcribes its one language:
+        a request that names none is decoded, and answered, in it."""
+        if options.language is None and not self.adapter.supports_language_detection:
+            return replace(options, language=self.adapter.supported_languages[0])
+        return options
 
     # ---- prompts ----
     async def plan(self, audio: np.ndarray, options: TranscriptionOptions) -> WindowPlan:

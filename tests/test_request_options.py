@@ -21,7 +21,7 @@ EVERY_OPTION = {
     "no_speech_threshold": "0.5", "vad_filter": "true",
     "chunking_strategy": '{"type": "server_vad", "threshold": 0.6, "silence_duration_ms": 800}', "detect_language_per_chunk": "true",
     "condition_on_previous_text": "true", "use_beam_search": "true", "n": "3", "length_penalty": "1.0",
-    "timestamp_granularities": ["word", "segment"],
+    "timestamp_granularities": ["word", "segment"], "include": ["logprobs"],
 }
 
 
@@ -52,6 +52,7 @@ def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
     assert from_form.word_timestamps and from_form.condition_on_previous_text and from_form.vad_filter
     assert from_form.vad == VadSettings(threshold=0.6, window_pause_s=0.8)
     assert from_form.fallback_temperatures == () and from_form.thresholds.no_speech == 0.5
+    assert from_form.token_logprobs
 
 
 def test_cli_shorthands_and_refusals(adapter):

@@ -168,6 +168,11 @@ def test_sdk_json_with_logprobs_spells_the_text_token_by_token(client, language,
     assert np.median([t.logprob for t in result.logprobs]) > -0.5
     with open(clip_path(language, name), "rb") as f:
         assert client.audio.transcriptions.create(model="whisper-1", file=f).logprobs is None  # only when asked
+    with open(clip_path(language, name), "rb") as f:
+        verbose = client.audio.transcriptions.create(model="whisper-1", file=f, include=["logprobs"],
+                                                     response_format="verbose_json")
+    spelled = b"".join(bytes(t["bytes"]) for t in verbose.model_extra["logprobs"]).decode("utf-8")
+    assert spelled.strip() == verbose.text
 
 
 def test_sdk_stream_with_logprobs_carries_them_on_the_done_event(client):
@@ -413,7 +418,7 @@ def test_unknown_language_names_the_parameter_and_lists_codes(server):
     ({"stream": "maybe"}, "stream"),
     ({"timestamp_granularities[]": "word"}, "timestamp_granularities"),
     ({"include[]": "segments"}, "include"),
-    ({"include[]": "logprobs", "response_format": "verbose_json"}, "include"),
+    ({"include[]": "logprobs", "response_format": "srt"}, "include"),
     ({"include[]": "logprobs", "stream": "true", "stream_format": "chunk"}, "include"),
     ({"stream": "true", "response_format": "srt"}, "stream"),
     ({"top_p": "2"}, "top_p"),

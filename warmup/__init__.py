@@ -40,7 +40,8 @@ def variant_params(adapter):
     for task in adapter.supported_tasks:
         for timestamps in (False, True):
             mode = "timestamps" if timestamps else "notimestamps"
-            yield f"{task}/{mode}/detect", adapter.build_fused_autodetect_params(task, timestamps)
+            if adapter.supports_language_detection:
+                yield f"{task}/{mode}/detect", adapter.build_fused_autodetect_params(task, timestamps)
             yield f"{task}/{mode}/known-language", adapter.build_prompt(known, task, timestamps)
 
 
