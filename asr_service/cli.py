@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from .audio import AudioError, AudioLimits, decode_audio
@@ -21,7 +22,9 @@ from .runtime import DEVICES, ENGINES, QUANTIZATIONS, RuntimeSettings
 from .server.admission import AdmissionLimits
 from .server.auth import ENV_VAR, keys_from
 from .server.connections import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
+from .server.model_pool import parse_model_entry
 from .server.request_form import STREAM_FORMATS
+from .server.state import DEFAULT_MODELS
 
 
 QUANTIZE_HELP = ("auto (default): bf16 where the CPU has AVX512-BF16 or AMX, else none; bf16: the encoder's and "
@@ -69,8 +72,12 @@ def _option_values(args) -> dict[str, object]:
     return values
 
 
-def _runtime_settings(args) -> RuntimeSettings:
-    return RuntimeSettings(model=args.model, engine=args.engine, device=args.device, quantize=args.quantize,
+MODEL_HELP = ("a packaged model name (whisper-base), a CTranslate2 or HF model directory, or a hub repository id "
+              "(owner/name[@revision], fetched with huggingface_hub: HF_HOME, HF_HUB_OFFLINE, HF_TOKEN apply)")
+
+
+def _runtime_settings(args, model: str) -> RuntimeSettings:
+    return RuntimeSettings(model=model, engine=args.engine, device=args.device, quantize=args.quantize,
                            threads=args.threads, max_batch_size=args.max_batch_size,
                            max_audio_windows=args.max_audio_windows,
                            sglang_urls=tuple(args.sglang_url), sglang_retry_after_s=args.sglang_retry_after)
@@ -78,7 +85,6 @@ def _runtime_settings(args) -> RuntimeSettings:
 
 def _add_engine_args(add) -> None:
     """The engine's flags, through ``add`` (a parser's add_argument, or EnvironmentFlags.add)."""
-    add("--model", default=DEFAULT_MODEL, help="packaged model name or model directory")
     add("--threads", type=int, help="torch threads (default: all cores)")
     add("--max-batch-size", type=int, default=16, help="sequences decoded together")
     add("--max-audio-windows", type=int, default=8,
@@ -105,6 +111,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, EnvironmentFlags]:
     t.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
     t.add_argument("--response-format", choices=RESPONSE_FORMATS, default="json")
     _add_option_args(t)
+    t.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     _add_engine_args(t.add_argument)
     t.add_argument("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest input file in bytes")
     t.add_argument("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
@@ -119,7 +126,17 @@ def _build_parser() -> tuple[argparse.ArgumentParser, EnvironmentFlags]:
     env = EnvironmentFlags(s)
     env.add("--host", default="127.0.0.1")
     env.add("--port", type=int, default=8000)
-    env.add("--served-model-name", help="name listed by /v1/models (default: the --model value)")
+    env.add("--model", action="append", metavar="SPEC[=NAME,...]",
+            help=f"{MODEL_HELP}; repeatable: one served model each, the first the default (a request naming no "
+                 f"model gets it), served under NAME,... (default: SPEC). Without --model: "
+                 f"{DEFAULT_MODEL}={','.join(DEFAULT_MODELS[0].names)}")
+    env.add("--served-model-name", nargs="+", metavar="NAME",
+            help="with one --model: the names it is served under (as vLLM's flag; instead of =NAME,...)")
+    env.add("--max-loaded-models", type=int, metavar="N",
+            help="models loaded at once (default: all); past it the least recently used idle one is unloaded "
+                 "for the next, and a model not loaded at start loads on first use")
+    env.add("--model-idle-timeout", type=float, metavar="SECONDS",
+            help="unload a model (not the default) after this long without a request (default: never)")
     _add_engine_args(env.add)
     env.add("--max-bytes", type=int, default=AudioLimits.max_bytes, help="largest upload in bytes")
     env.add("--max-seconds", type=float, default=AudioLimits.max_seconds, help="longest decoded audio")
@@ -174,8 +191,10 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
 def _server_settings(args):
     from .server.state import ServerSettings
 
+    models = _served_models(args)
     return ServerSettings(
-        runtime=_runtime_settings(args), served_model_name=args.served_model_name, detection=args.detection_mode,
+        runtime=_runtime_settings(args, models[0].spec), models=models, max_loaded_models=args.max_loaded_models,
+        model_idle_timeout_s=args.model_idle_timeout, detection=args.detection_mode,
         default_stream_format=args.default_stream_format,
         limits=AudioLimits(args.max_bytes, args.max_seconds),
         realtime=RealtimeLimits(max_sessions=args.max_realtime_sessions, idle_timeout_s=args.realtime_idle_timeout,
@@ -188,11 +207,27 @@ def _server_settings(args):
     )
 
 
+def _served_models(args) -> tuple:
+    """--model entries (with --served-model-name's names for a single one); ValueError when they
+    do not combine."""
+    entries = tuple(parse_model_entry(text) for text in args.model) if args.model else DEFAULT_MODELS
+    if args.served_model_name:
+        if len(entries) > 1:
+            raise ValueError("--served-model-name names a single --model; with several, give each its names as "
+                             "--model SPEC=NAME,...")
+        entries = (replace(entries[0], names=tuple(args.served_model_name)),)
+    if len(entries) > 1 and args.engine == "sglang":
+        raise ValueError("--engine sglang serves one model (the one its SGLang servers load); give one --model")
+    if args.max_loaded_models is not None and args.max_loaded_models < min(2, len(entries)):
+        raise ValueError("--max-loaded-models must be at least 2 with several models (the default stays loaded)")
+    return entries
+
+
 def _serve(args) -> int:
     from .server.runner import connection_plan_for, serve
 
-    settings = _server_settings(args)
     try:
+        settings = _server_settings(args)
         plan = connection_plan_for(settings)
     except ValueError as e:  # a cap the open-files limit cannot hold: said before anything starts
         print(f"error: {e}", file=sys.stderr)
@@ -328,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime import build_runtime  # heavy imports only once arguments are valid
 
     try:
-        runtime = build_runtime(_runtime_settings(args))
+        runtime = build_runtime(_runtime_settings(args, args.model))
     except (ModelLoadError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

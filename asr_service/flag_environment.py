@@ -3,8 +3,9 @@
 ``--max-batch-size 8`` can also be given as ``ASR_MAX_BATCH_SIZE=8``: the variable's name is the
 flag's, upper-cased, with ``ASR_`` before it and ``_`` for ``-``. A flag given on the command line
 wins over its variable. A variable's text is read as the flag's value would be (a list flag takes
-its values separated by spaces or commas; a switch takes 1/true/yes/on or 0/false/no/off), and a
-value the flag would refuse is refused naming the variable.
+its values separated by spaces or commas, a repeatable flag its values separated by spaces; a
+switch takes 1/true/yes/on or 0/false/no/off), and a value the flag would refuse is refused
+naming the variable.
 
 Why not each flag's ``default=os.environ.get(...)``: argparse converts a string default with the
 flag's type but never checks it against ``choices``, and its errors would name the flag, not the
@@ -31,6 +32,7 @@ class EnvironmentFlag:
     flag: str  # "--max-batch-size"
     variable: str  # "ASR_MAX_BATCH_SIZE"
     action: argparse.Action
+    repeatable: bool = False  # action="append": --model A --model B, one word pair per value
 
 
 def variable_for(flag: str) -> str:
@@ -49,7 +51,7 @@ class EnvironmentFlags:
         variable = variable_for(flag)
         kwargs["help"] = f"{kwargs.get('help') or ''} [env {variable}]".lstrip()
         action = self.parser.add_argument(flag, **kwargs)
-        self.flags.append(EnvironmentFlag(flag, variable, action))
+        self.flags.append(EnvironmentFlag(flag, variable, action, repeatable=kwargs.get("action") == "append"))
         return action
 
     def words(self, environ: Mapping[str, str], argv: Sequence[str]) -> list[str]:
@@ -79,7 +81,11 @@ def _words_for(f: EnvironmentFlag, text: str) -> list[str]:
                 return [_negated(f.flag)]
             return []
         raise EnvironmentFlagError(f"{f.variable}={text!r}: use one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
-    values = text.replace(",", " ").split() if action.nargs in ("+", "*") else [text]
+    repeatable = f.repeatable
+    if action.nargs in ("+", "*"):
+        values = text.replace(",", " ").split()
+    else:  # a repeatable flag's values are separated by spaces only (a value may hold commas)
+        values = text.split() if repeatable else [text]
     if not text or not values:
         raise EnvironmentFlagError(f"{f.variable} is set but empty; unset it or give {f.flag}'s value")
     for value in values:
@@ -90,4 +96,4 @@ def _words_for(f: EnvironmentFlag, text: str) -> list[str]:
         if action.choices is not None and parsed not in action.choices:
             choices = ", ".join(map(str, action.choices))
             raise EnvironmentFlagError(f"{f.variable}={value!r}: {f.flag} takes one of {choices}")
-    return [f.flag, *values]
+    return [word for value in values for word in (f.flag, value)] if repeatable else [f.flag, *values]

@@ -5,14 +5,15 @@ revision, the recursive file tree, HEAD and GET of a file by revision) for repos
 in the tests from the packaged model's files, and fails the way the hub fails: 404 with the
 hub's ``X-Error-Code`` for an unknown repository or revision. What it serves is judged by
 huggingface_hub itself (the client the server uses): headers or listings it would not accept
-fail the tests. A file can be marked broken: its download stops halfway, as a dropped
-connection does.
+fail the tests. A file can be marked broken (its download stops halfway, as a dropped
+connection does) or slow.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,7 @@ class StandinRepo:
 class StandinHub:
     repos: dict[str, StandinRepo] = field(default_factory=dict)
     broken: set[tuple[str, str]] = field(default_factory=set)  # (repo, file) whose GET stops halfway
+    slow: dict[tuple[str, str], float] = field(default_factory=dict)  # (repo, file) -> seconds per 1 MB sent
     requests: list[str] = field(default_factory=list)  # "METHOD path" of every request seen
     url: str = ""
 
@@ -104,6 +106,7 @@ class StandinHub:
         if (spec := request.headers.get("range", "")).startswith("bytes="):
             start = int(spec[len("bytes="):].split("-")[0] or 0)
         broken = (repo_id, name) in self.broken
+        pause = self.slow.get((repo_id, name), 0.0)
 
         def body():
             with open(path, "rb") as f:
@@ -113,6 +116,7 @@ class StandinHub:
                     if broken and sent + len(chunk) > size // 2:
                         raise ConnectionError("stand-in hub: the connection dropped halfway")
                     sent += len(chunk)
+                    time.sleep(pause)  # this generator runs on a worker thread of the stand-in
                     yield chunk
 
         headers["Content-Length"] = str(size - start)

@@ -17,7 +17,7 @@ def test_variables_set_what_the_command_line_leaves_unset():
                "ASR_SGLANG_URL": "http://gpu1:30000, http://gpu2:30000", "ASR_REQUEST_TIMEOUT": "30"}
     args = parse_args(["serve", "--port", "8123"], environ)
     assert args.port == 8123  # the flag wins
-    assert (args.max_batch_size, args.quantize, args.served_model_name) == (4, "none", "whisper-1")
+    assert (args.max_batch_size, args.quantize, args.served_model_name) == (4, "none", ["whisper-1"])
     assert args.sglang_url == ["http://gpu1:30000", "http://gpu2:30000"]  # a list: spaces or commas
     settings = _server_settings(args)
     assert settings.request_timeout_s == 30.0 and settings.runtime.max_batch_size == 4
@@ -58,3 +58,23 @@ def test_every_serve_flag_has_its_variable_in_the_help():
         assert f"[env {variable_for(flag)}]" in " ".join(blocks[flag].split()), blocks[flag]
     assert {f.flag for f in _build_parser()[1].flags} == set(flags)
     assert "ASR_API_KEYS" in shown
+
+
+def test_several_models_from_the_environment_and_how_they_combine():
+    """ASR_MODEL takes several entries separated by spaces, as repeated --model flags."""
+    from asr_service.cli import _served_models
+
+    args = parse_args(["serve"], {"ASR_MODEL": "whisper-base=base,whisper-1 /models/x=x", "ASR_MAX_LOADED_MODELS": "2"})
+    assert [(e.spec, e.names) for e in _served_models(args)] == [("whisper-base", ("base", "whisper-1")),
+                                                                 ("/models/x", ("x",))]
+    assert args.max_loaded_models == 2
+    with pytest.raises(ValueError, match="at least 2"):  # the default stays loaded: no room for another
+        _served_models(parse_args(["serve", "--model", "a", "--model", "b", "--max-loaded-models", "1"], {}))
+    assert [e.names for e in _served_models(parse_args(["serve"], {}))] == [("whisper-base", "whisper-1")]
+    alone = _served_models(parse_args(["serve", "--model", "a", "--served-model-name", "b", "c"], {}))
+    assert [(e.spec, e.names) for e in alone] == [("a", ("b", "c"))]
+    with pytest.raises(ValueError, match="--served-model-name names a single --model"):
+        _served_models(parse_args(["serve", "--model", "a", "--model", "b", "--served-model-name", "c"], {}))
+    with pytest.raises(ValueError, match="--engine sglang serves one model"):
+        _served_models(parse_args(["serve", "--model", "a", "--model", "b", "--engine", "sglang",
+                                   "--sglang-url", "http://x:1"], {}))

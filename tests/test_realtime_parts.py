@@ -129,7 +129,8 @@ def test_openai_session_update_sets_format_language_and_vad():
     config = protocol.openai_session_update(protocol.OPENAI_DEFAULTS, {"type": "transcription", "audio": {"input": {
         "format": {"type": "audio/pcmu"}, "transcription": {"model": "whisper-1", "language": "fr", "prompt": "Bonjour"},
         "turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}, validate)
-    assert config == SessionConfig("fr", "Bonjour", InputFormat("audio/pcmu", 8000), TurnDetectionSettings(silence_duration_ms=300))
+    assert config == SessionConfig("fr", "Bonjour", InputFormat("audio/pcmu", 8000), TurnDetectionSettings(silence_duration_ms=300),
+                                   model="whisper-1")
     off = protocol.openai_session_update(config, {"type": "transcription", "audio": {"input": {"turn_detection": None}}}, validate)
     assert off.turn_detection is None and off.language == "fr"  # fields not named stay as they were
 

@@ -100,6 +100,11 @@ def _transcription_fields(config: SessionConfig, spec: dict, param: str, validat
             changes["allowed_languages"] = tuple(validate_language(c) for c in codes) if codes else None
         except ValueError as e:
             raise ProtocolError(str(e), code="unsupported_language", param=f"{param}.allowed_languages") from None
+    if "model" in spec:
+        model = spec["model"]
+        if model is not None and not isinstance(model, str):
+            raise ProtocolError("'model' must be a string (a served model's name)", param=f"{param}.model")
+        changes["model"] = model or None
     if "prompt" in spec:
         prompt = spec["prompt"]
         if prompt is not None and not isinstance(prompt, str):

@@ -54,6 +54,9 @@ class SessionConfig:
     turn_detection: TurnDetectionSettings | None = None  # None: the client commits
     # With language None: detection chooses only among these codes (None: among all).
     allowed_languages: tuple[str, ...] | None = None
+    # The served model the client's session.update named, if any: the connection's model is
+    # chosen when it opens (?model=), so the connection refuses another one.
+    model: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from .errors import OpenAIError, install_error_handlers
+from .errors import install_error_handlers
 from .gate import Gate
 from .realtime_ws import realtime_endpoint
 from .request_log import RequestLog
@@ -35,8 +35,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         task = asyncio.create_task(state.start())
         yield
         task.cancel()
-        if state.runtime is not None:
-            state.runtime.close()
+        state.close()
 
     app = FastAPI(title="asr-service", lifespan=lifespan)
     app.state.server = state
@@ -52,8 +51,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         for counter in ("steps", "tokens", "batch_sizes", "submitted_sequences", "phase_seconds"):  # /metrics has these
             del figures[counter]
         status = backend_status(figures["backends"])
-        body = {"status": status, "model": state.settings.model_name, "warmup_variants": state.warmup.variants,
-                **figures}
+        default = state.default
+        body = {"status": status, "model": default.entry.name, "warmup_variants": default.warmup.variants,
+                "models": {m.entry.name: m.status for m in state.models.models}, **figures}
         # Every SGLang backend down: this front cannot decode, so a load balancer should skip it.
         return JSONResponse(body, status_code=503 if status == "unavailable" else 200)
 
@@ -61,21 +61,16 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     async def metrics():
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
-    def model_card() -> dict:
-        return {"id": state.settings.model_name, "object": "model", "created": state.created, "owned_by": "asr-service"}
-
     @app.get("/v1/models")
     async def models():
         state.require_ready()
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": state.models.cards(state.created)}
 
     @app.get("/v1/models/{model_id:path}")  # :path: hub ids hold a slash (openai/whisper-base)
     async def model(model_id: str):
         state.require_ready()
-        if model_id != state.settings.model_name:
-            raise OpenAIError(404, f"The model '{model_id}' does not exist; this server serves "
-                                   f"'{state.settings.model_name}'", param="model", code="model_not_found")
-        return model_card()
+        served = state.models.find(model_id)  # 404 model_not_found for a name not served
+        return next(card for card in served.card(state.created) if card["id"] == model_id)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):

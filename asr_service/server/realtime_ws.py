@@ -23,10 +23,11 @@ from ..realtime import protocol
 from ..realtime.input_audio import InputAudioDecoder, InputAudioError
 from ..realtime.protocol import OPENAI, VLLM, ProtocolError
 from ..realtime.session import Completed, RealtimeLimits, RealtimeSession, SessionConfig
-from ..runtime import Runtime
-from .gate import (GRACE_OVER_MESSAGE, SERVICE_RESTART, TRY_AGAIN_LATER, Door, dialect_of, offered_subprotocol,
-                   refuse_websocket)
+from .errors import OpenAIError
+from .gate import (GRACE_OVER_MESSAGE, POLICY_VIOLATION, SERVICE_RESTART, TRY_AGAIN_LATER, Door, dialect_of,
+                   offered_subprotocol, refuse_websocket)
 from .metrics import ServerMetrics
+from .model_pool import Lease
 from .state import ServerState
 
 log = logging.getLogger(__name__)
@@ -35,15 +36,16 @@ RECEIVE_POLL_S = 0.25  # how often a quiet session looks at its worker, the idle
 
 
 class RealtimeConnection:
-    def __init__(self, ws: WebSocket, runtime: Runtime, limits: RealtimeLimits, model_name: str,
-                 door: Door, metrics: ServerMetrics | None = None):
+    def __init__(self, ws: WebSocket, lease: Lease, limits: RealtimeLimits, door: Door,
+                 metrics: ServerMetrics | None = None):
         self.ws = ws
         self.door = door
         self._close_code = 1000  # normal closure, unless the server ends the session
         self.metrics = metrics
-        self.runtime = runtime
+        self.lease = lease
+        self.runtime = runtime = lease.runtime
         self.limits = limits
-        self.model_name = model_name
+        self.model_name = lease.name
         self.dialect = dialect_of(ws)
         # vLLM's clients start the session with a commit; OpenAI's may send audio at once.
         self.started = self.dialect == OPENAI
@@ -200,6 +202,11 @@ class RealtimeConnection:
         self._apply(protocol.OPENAI_DEFAULTS)
 
     def _apply(self, config: SessionConfig) -> None:
+        names = self.lease.model.entry.names
+        if config.model is not None and config.model not in names:
+            raise ProtocolError(f"This session transcribes with '{self.model_name}'; a session's model is chosen "
+                                f"when it connects: reconnect with ?model={config.model}", code="model_not_found",
+                                param="model")
         if config.input_format != self._decoder.format:
             self._decoder = InputAudioDecoder(config.input_format)
         try:
@@ -221,6 +228,7 @@ class RealtimeConnection:
 
 
 async def realtime_endpoint(ws: WebSocket, state: ServerState) -> None:
+    """A session on the model ``?model=`` names (the default when absent)."""
     if not state.ready:
         await refuse_websocket(ws, f"Service not ready: {state.not_ready_reason}. Retry shortly.", "not_ready",
                                TRY_AGAIN_LATER)
@@ -231,8 +239,15 @@ async def realtime_endpoint(ws: WebSocket, state: ServerState) -> None:
                                "too_many_sessions", TRY_AGAIN_LATER)
         return
     try:
-        await RealtimeConnection(ws, state.runtime, state.settings.realtime, state.settings.model_name,
-                                 state.door, state.metrics).serve()
+        try:
+            lease = await state.models.lease(ws.query_params.get("model"))
+        except OpenAIError as e:
+            await refuse_websocket(ws, e.message, e.code, TRY_AGAIN_LATER if e.status == 503 else POLICY_VIOLATION)
+            return
+        try:
+            await RealtimeConnection(ws, lease, state.settings.realtime, state.door, state.metrics).serve()
+        finally:
+            lease.release()
     except Exception:
         log.exception("realtime session failed")
     finally:

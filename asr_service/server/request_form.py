@@ -76,6 +76,11 @@ def _values(form: FormData) -> dict[str, object]:
     return values
 
 
+def model_named(form: FormData) -> str | None:
+    """The served model the request names (None: the server's default)."""
+    return _text(form, "model")
+
+
 def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task: str,
                              detection: str = "fused", default_stream_format: str = "openai") -> TranscriptionRequest:
     file = form.get("file")

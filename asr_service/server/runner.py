@@ -128,9 +128,7 @@ def serve(settings: ServerSettings, host: str, port: int, log_level: str, grace_
                             timeout_graceful_shutdown=5)
     log.info("up to %d connections open at once (accept backlog %d)", plan.max_connections, plan.backlog)
     DrainingServer(config, app.state.server.door, grace_seconds, guard.warnings).run()
-    # A forced exit skips the app's own shutdown; the engine's thread must stop before the
+    # A forced exit skips the app's own shutdown; the engines' threads must stop before the
     # interpreter does (torch aborts the process when its threads outlive it).
-    runtime = app.state.server.runtime
-    if runtime is not None:
-        runtime.close()
+    app.state.server.close()
     return 0

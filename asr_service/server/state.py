@@ -1,35 +1,39 @@
-"""The server's settings and its state: the runtime once loaded, warmup, admission, metrics.
+"""The server's settings and its state: the served models, admission, metrics.
 
 Every endpoint takes the ServerState; nothing else is shared between them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 
-from warmup import WarmupReport, run_warmup
-
 from ..audio import AudioLimits
+from ..model_loading import DEFAULT_MODEL
 from ..realtime.session import RealtimeLimits
-from ..runtime import Runtime, RuntimeSettings, build_runtime
+from ..runtime import RuntimeSettings
 from .admission import Admission, AdmissionLimits
 from .auth import ApiKeys
 from .connections import ConnectionLimits
 from .errors import OpenAIError
 from .gate import Door
 from .metrics import ServerMetrics
+from .model_pool import LoadFailed, ModelEntry, ModelPool, ServedModel
+
+# The packaged model, also under the name OpenAI's SDK examples use.
+DEFAULT_MODELS = (ModelEntry(DEFAULT_MODEL, (DEFAULT_MODEL, "whisper-1")),)
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class ServerSettings:
-    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
-    served_model_name: str | None = None
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)  # its model: each of ``models`` in turn
+    models: tuple[ModelEntry, ...] = DEFAULT_MODELS  # the first is the default
+    max_loaded_models: int | None = None  # None: all of them
+    model_idle_timeout_s: float | None = None  # None: never unloaded for idleness
     # "two-stage" (a separate detection decode) exists only as a baseline for bench/.
     detection: str = "fused"
     # What stream=true sends when the request names no stream_format: "openai" (the OpenAI SDK's
@@ -41,10 +45,6 @@ class ServerSettings:
     request_timeout_s: float = 600.0  # deadline per HTTP request: upload, decoding, transcription
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     api_keys: tuple[str, ...] = ()  # empty: no authentication
-
-    @property
-    def model_name(self) -> str:
-        return self.served_model_name or self.runtime.model
 
 
 class SessionSlots:
@@ -67,8 +67,9 @@ class SessionSlots:
 class ServerState:
     def __init__(self, settings: ServerSettings):
         self.settings = settings
-        self.runtime: Runtime | None = None
-        self.warmup: WarmupReport | None = None
+        self.models = ModelPool(list(settings.models), settings.runtime, settings.max_loaded_models,
+                                settings.model_idle_timeout_s)
+        self.started = False
         self.startup_error: str | None = None
         self.created = int(time.time())
         self.door = Door(ApiKeys(settings.api_keys))
@@ -79,15 +80,25 @@ class ServerState:
 
     @property
     def ready(self) -> bool:
-        return self.runtime is not None and self.warmup is not None
+        return self.started
+
+    @property
+    def default(self) -> ServedModel:
+        return self.models.default
 
     async def start(self) -> None:
         try:
-            self.runtime = await asyncio.to_thread(build_runtime, self.settings.runtime)
-            self.warmup = await run_warmup(self.runtime.adapter, self.runtime.engine)
-        except Exception as e:  # the server stays up and says why it is not ready
+            await self.models.load_default()
+            self.started = True
+        except LoadFailed as e:  # the server stays up and says why it is not ready (logged by the pool)
+            self.startup_error = str(e)
+            return
+        except Exception as e:
             log.exception("start-up failed")
             self.startup_error = f"{type(e).__name__}: {e}"
+            return
+        await self.models.load_the_rest()
+        await self.models.unload_idle()
 
     @property
     def not_ready_reason(self) -> str | None:
@@ -96,19 +107,23 @@ class ServerState:
         return f"start-up failed: {self.startup_error}" if self.startup_error else "the model is loading and warming up"
 
     def figures(self) -> dict | None:
-        """What /health and /metrics report of the engine and the server (None before start-up)."""
+        """What /health and /metrics report of the default model's engine and of the server (None
+        before start-up)."""
         if not self.ready:
             return None
-        engine = dataclasses.asdict(self.runtime.engine.figures())
+        default = self.default
+        engine = dataclasses.asdict(default.runtime.engine.figures())
         return {**engine, "pending_requests": self.admission.pending_requests,
                 "pending_audio_seconds": round(self.admission.pending_audio_seconds, 3),
-                "realtime_sessions": self.realtime_slots.active, "warmup_seconds": self.warmup.total_seconds,
-                "engine": self.runtime.engine.name, "precision": self.runtime.precision}
+                "realtime_sessions": self.realtime_slots.active, "warmup_seconds": default.warmup.total_seconds,
+                "engine": default.runtime.engine.name, "precision": default.runtime.precision}
 
-    def require_ready(self) -> Runtime:
+    def require_ready(self) -> None:
         if not self.ready:
             raise OpenAIError(503, f"Service not ready: {self.not_ready_reason}. Retry shortly.", code="not_ready")
-        return self.runtime
+
+    def close(self) -> None:
+        self.models.close()
 
 
 def backend_status(backends: list[dict] | None) -> str:

@@ -30,7 +30,8 @@ from ..transcription import TokenTally
 from .admission import Overloaded, Ticket
 from .errors import OpenAIError
 from .gate import GRACE_OVER_MESSAGE, Door
-from .request_form import TranscriptionRequest, parse_transcription_form
+from .model_pool import Lease
+from .request_form import TranscriptionRequest, model_named, parse_transcription_form
 from .sse import chunk_events, openai_events
 from .state import ServerState
 
@@ -69,8 +70,8 @@ def _counting(receive, limit: int, pause_limit: float):
     return wrapped
 
 
-async def _read_request(request: Request, state: ServerState, task: str) -> tuple[TranscriptionRequest, bytes]:
-    runtime = state.runtime
+async def _read_request(request: Request, state: ServerState, task: str) -> tuple[TranscriptionRequest, bytes, Lease]:
+    """The request's form, its upload, and a hold on the model it names (loaded by now)."""
     limit = state.settings.limits.max_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
@@ -89,12 +90,17 @@ async def _read_request(request: Request, state: ServerState, task: str) -> tupl
     except Exception as e:  # malformed multipart, wrong content type
         raise OpenAIError(400, f"Could not parse the request as multipart/form-data: {e}",
                           code="invalid_request") from None
-    req = parse_transcription_form(form, runtime.adapter, task, state.settings.detection,
-                                   state.settings.default_stream_format)
-    if req.file.size is not None and req.file.size > limit:
-        raise OpenAIError(413, f"Upload of {req.file.size} bytes exceeds the limit of {limit} bytes",
-                          param="file", code="file_too_large")
-    return req, await req.file.read()
+    lease = await state.models.lease(model_named(form))
+    try:
+        req = parse_transcription_form(form, lease.runtime.adapter, task, state.settings.detection,
+                                       state.settings.default_stream_format)
+        if req.file.size is not None and req.file.size > limit:
+            raise OpenAIError(413, f"Upload of {req.file.size} bytes exceeds the limit of {limit} bytes",
+                              param="file", code="file_too_large")
+        return req, await req.file.read(), lease
+    except BaseException:
+        lease.release()
+        raise
 
 
 async def _decode(data: bytes, state: ServerState, ticket: Ticket, deadline: float):
@@ -185,7 +191,8 @@ def _busy(state: ServerState, e: Overloaded) -> OpenAIError:
 
 
 async def handle_transcription(request: Request, state: ServerState, task: str) -> Response:
-    runtime = state.require_ready()
+    state.require_ready()
+    lease: Lease | None = None
     try:
         # Pending from the upload's first byte (a slow upload is work the server holds), and
         # refused before the costly part when the server is full.
@@ -197,10 +204,11 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
     try:
         try:
             async with asyncio.timeout(timeout):
-                req, data = await _read_request(request, state, task)
+                req, data, lease = await _read_request(request, state, task)
         except TimeoutError:
             raise OpenAIError(408, f"The upload did not arrive within the request timeout of {timeout:g} s",
                               code="timeout", type="timeout_error") from None
+        runtime = lease.runtime
         refusal = runtime.transcriber.refusal(req.options)
         if refusal is not None:
             raise OpenAIError(400, f"Not supported by this server's engine: {refusal}", param=refusal.param,
@@ -209,10 +217,10 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
         seconds = audio.shape[0] / runtime.adapter.config.sample_rate
         ticket.claim(seconds)
     except Overloaded as e:
-        ticket.release()
+        _release(ticket, lease)
         raise _busy(state, e) from None
     except BaseException:
-        ticket.release()
+        _release(ticket, lease)
         raise
     endpoint = request.url.path
     remaining = max(0.0, deadline - time.monotonic())
@@ -230,13 +238,12 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
                     yield item
                 state.metrics.audio_seconds.labels(endpoint).inc(seconds)
             finally:
-                ticket.release()
+                _release(ticket, lease)
 
-        events = (chunk_events(items(), state.settings.model_name, req.stream_include_usage,
-                               req.stream_continuous_usage_stats)
+        events = (chunk_events(items(), lease.name, req.stream_include_usage, req.stream_continuous_usage_stats)
                   if req.stream_format == "chunk" else openai_events(items()))
         # The release also runs after the response, for a stream that never started.
-        return EventSourceResponse(events, background=BackgroundTask(ticket.release))
+        return EventSourceResponse(events, background=BackgroundTask(_release, ticket, lease))
     try:
         async with asyncio.timeout(remaining):
             result = await _until_disconnected(request, state.door, runtime.transcriber.transcribe(audio, req.options))
@@ -246,13 +253,19 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
         raise OpenAIError(503, f"The decoding backend is unavailable: {e}", code="backend_unavailable",
                           headers={"Retry-After": "2"}) from None
     finally:
-        ticket.release()
+        _release(ticket, lease)
     if result is None:
         return Response(status_code=499)
     state.metrics.audio_seconds.labels(endpoint).inc(seconds)
     if req.options.language is None:
         state.metrics.detection(result.language)
     return _respond(result, req)
+
+
+def _release(ticket: Ticket, lease: Lease | None) -> None:
+    ticket.release()
+    if lease is not None:
+        lease.release()
 
 
 def _respond(result, req: TranscriptionRequest) -> Response:

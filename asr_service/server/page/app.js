@@ -96,7 +96,7 @@ async function startRecording() {
   const language = document.getElementById("live-language").value || null;
   ws.send(JSON.stringify({ type: "session.update", session: { type: "transcription", audio: { input: {
     format: { type: "audio/pcm", rate: RATE },
-    transcription: { model: "whisper-1", language },
+    transcription: { language },  // the model: the server's default (a session chooses it with ?model=)
     turn_detection: { type: "server_vad", silence_duration_ms: 500 },
   } } } }));
   const capture = new AudioWorkletNode(context, "pcm-capture");
