@@ -1,18 +1,11 @@
 """Token-strict constraints: what xgrammar allows at each step, by token id."""
 
 import pytest
-import torch
 import xgrammar as xgr
 
+from support.token_masks import allowed
+
 pytestmark = pytest.mark.model
-
-
-def allowed(matcher, vocab_size) -> set[int]:
-    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
-    matcher.fill_next_token_bitmask(bitmask)
-    logits = torch.zeros(1, vocab_size)
-    xgr.apply_token_bitmask_inplace(logits, bitmask)
-    return set((logits[0] == 0).nonzero().flatten().tolist())
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ decoded by its engine; the ids they must use are the real models' published ones
 
 import numpy as np
 import pytest
-import torch
 import xgrammar as xgr
 
 from asr_service.engine.features import log_mel_spectrogram
@@ -17,6 +16,7 @@ from asr_service.transcription import TranscriptionOptions
 from warmup import variant_params
 
 from support.clips import load_clip
+from support.token_masks import allowed
 from support.whisper_family import SHAPES, write_checkpoint
 
 pytestmark = pytest.mark.model
@@ -39,14 +39,6 @@ def member(request, tmp_path_factory):
     runtime.close()
 
 
-def allowed(matcher, vocab_size) -> set[int]:
-    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
-    matcher.fill_next_token_bitmask(bitmask)
-    logits = torch.zeros(1, vocab_size)
-    xgr.apply_token_bitmask_inplace(logits, bitmask)
-    return set((logits[0] == 0).nonzero().flatten().tolist())
-
-
 def test_the_checkpoint_loads_in_its_shape_with_the_real_ids(member):
     shape, runtime = member
     dims, tok = runtime.loaded.dims, runtime.adapter.tok
@@ -67,12 +59,18 @@ def test_the_grammar_and_prompts_use_the_members_own_ids(member):
         assert list(adapter.build_prompt("en", timestamps=True).prompt_ids) == [tok.sot]
         with pytest.raises(NotImplementedError):
             adapter.build_fused_autodetect_params()
+        parsed = adapter.parse_output([*tok.encode(" Hello."), tok.eot], english)
+        assert (parsed.language, parsed.text, parsed.prefix_length) == ("en", "Hello.", 0)
     else:
         assert len(adapter.supported_languages) == 100 and adapter.supported_languages[-1] == "yue"
         assert list(english.prompt_ids) == [tok.sot, tok.language_ids["en"], tok.transcribe, tok.no_timestamps]
         m = xgr.GrammarMatcher(adapter.build_fused_autodetect_params().constraint.compiled)
         assert allowed(m, tok.vocab_size) == set(range(tok.sot + 1, tok.translate))  # the 100 languages
         assert m.accept_token(tok.language_ids["yue"]) and allowed(m, tok.vocab_size) == {tok.transcribe}
+        fused = adapter.build_fused_autodetect_params()
+        output = [tok.language_ids["yue"], tok.transcribe, tok.no_timestamps, *tok.encode(" 你好"), tok.eot]
+        parsed = adapter.parse_output(output, fused)
+        assert (parsed.language, parsed.text, parsed.prefix_length) == ("yue", "你好", 3)
     text = xgr.GrammarMatcher(english.constraint.compiled)
     text_ok = allowed(text, tok.vocab_size)
     assert tok.eot in text_ok and not text_ok & (tok.special_ids - {tok.eot})
