@@ -29,7 +29,6 @@ OPTION_CONTINUOUS_USAGE = Option("stream_continuous_usage_stats", bool, "the usa
 @dataclass
 class TranscriptionRequest:
     file: UploadFile
-    model: str | None
     response_format: str
     options: TranscriptionOptions
     stream: bool
@@ -117,6 +116,6 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
                                                                "is not one", code="unsupported_value")
     except OptionError as e:
         raise _bad(e.param, str(e), e.code) from None
-    return TranscriptionRequest(file=file, model=_text(form, "model"), response_format=response_format,
+    return TranscriptionRequest(file=file, response_format=response_format,
                                 options=options, stream=stream, stream_format=stream_format,
                                 stream_include_usage=include_usage, stream_continuous_usage_stats=continuous_usage)

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ServerSettings:
-    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)  # its model: each of ``models`` in turn
+    # How each model is run (engine, device, precision, threads); its ``model`` is each entry's spec.
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     models: tuple[ModelEntry, ...] = DEFAULT_MODELS  # the first is the default
     max_loaded_models: int | None = None  # None: all of them
     model_idle_timeout_s: float | None = None  # None: never unloaded for idleness
