@@ -112,6 +112,17 @@ def test_an_interrupted_fetch_is_never_loaded_and_is_finished_later(hub, tmp_pat
     assert done.returncode == 0 and json.loads(done.stdout)["text"] == FOX, done.stderr[-2000:]
 
 
+def test_a_front_for_sglang_fetches_an_hf_model_without_its_weights(hub, tmp_path):
+    """--engine sglang's front needs the tokenizer and config only: an HF layout's weights stay on
+    the hub (a CTranslate2 layout keeps its dims inside model.bin, so that one is fetched whole)."""
+    probe = ("from asr_service.model_loading import load_model; import sys; m = load_model(sys.argv[1], weights=False); "
+             "print(m.model is None, m.dims.n_vocab)")
+    done = subprocess.run([sys.executable, "-c", probe, HF_REPO], env=hub_env(hub, tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["True", "51865"], done.stderr[-2000:]
+    assert not any(name.endswith(".safetensors") for name in snapshot_files(tmp_path, HF_REPO))
+
+
 def test_the_server_serves_a_hub_model_under_its_repository_id(hub, hf_home, start_server):
     transcribe(hub, hf_home, HF_REPO)  # in the cache (already, unless this test runs alone)
     server = start_server("--model", HF_REPO, env=hub_env(hub, hf_home, offline=True))

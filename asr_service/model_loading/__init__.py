@@ -129,7 +129,7 @@ def _load(spec: str, weights: bool = True) -> LoadedModel:
     if path.is_dir():
         return _load_directory(path.name, path, weights)
     if hub.is_repo_id(spec):
-        return _load_directory(spec, hub.fetch(spec), weights)
+        return _load_directory(spec, hub.fetch(spec, weights), weights)
     raise ModelLoadError(f"unknown model {spec!r}: not a packaged name, a directory or a hub repository id; a model "
                          f"is {ACCEPTED}")
 

@@ -10,6 +10,7 @@ choosing the files a Whisper needs and saying clearly why a fetch failed.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -33,9 +34,11 @@ def is_repo_id(spec: str) -> bool:
     return _REPO_ID.match(spec) is not None
 
 
-def fetch(spec: str) -> Path:
+def fetch(spec: str, weights: bool = True) -> Path:
     """The local snapshot of the repository ``spec`` names ("owner/name[@revision]"), fetched
-    into the hub cache unless it is there already. ModelLoadError names the repository and why."""
+    into the hub cache unless it is there already. ``weights=False`` (a front whose decoding runs
+    on SGLang servers) leaves an HF layout's weights on the hub; a CTranslate2 layout keeps its
+    dims in model.bin, so that is fetched anyway. ModelLoadError names the repository and why."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (GatedRepoError, IncompleteSnapshotError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
@@ -46,6 +49,10 @@ def fetch(spec: str) -> Path:
     repo, revision = match["repo"], match["revision"]
     where = f"{repo!r}" + (f" at revision {revision!r}" if revision else "")
     try:
+        if not weights:
+            folder = Path(snapshot_download(repo, revision=revision, allow_patterns=_CONFIG_FILES))
+            if _is_hf_layout(folder):
+                return folder
         folder = Path(snapshot_download(repo, revision=revision, allow_patterns=_CONFIG_FILES + _WEIGHT_FILES))
         if not _has_weights(folder):
             folder = Path(snapshot_download(repo, revision=revision, allow_patterns=_LEGACY_WEIGHT_FILES))
@@ -69,6 +76,12 @@ def fetch(spec: str) -> Path:
     except Exception as e:  # noqa: BLE001 - the client's transport errors (a dropped connection) are its own types
         raise ModelLoadError(f"fetching {where} from the hub failed: {type(e).__name__}: {_first_line(e)}") from None
     return folder
+
+
+def _is_hf_layout(folder: Path) -> bool:
+    """An HF checkpoint's config.json describes the model; a CTranslate2 one's only decoding."""
+    config = folder / "config.json"
+    return config.exists() and json.loads(config.read_text()).get("model_type") == "whisper"
 
 
 def _has_weights(folder: Path) -> bool:
