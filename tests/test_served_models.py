@@ -39,7 +39,8 @@ def server(start_server, hub, tmp_path_factory):
     english = write_checkpoint(SHAPES["tiny.en"], tmp_path_factory.mktemp("tiny-en"))
     env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path_factory.mktemp("hf-home")), "HF_HUB_OFFLINE": "0"}
     return start_server("--threads", "2", "--model", "whisper-base=whisper-base,whisper-1", "--model",
-                        f"{english}=tiny-en", "--model", TURBO, "--max-loaded-models", "2",
+                        f"{english}=tiny-en", "--model", TURBO, "--model", "/nonexistent/whisper=broken",
+                        "--max-loaded-models", "2",
                         "--model-idle-timeout", str(IDLE_TIMEOUT_S), env=env)
 
 
@@ -69,12 +70,13 @@ def test_every_served_name_is_listed_with_its_model_and_state(server):
     wait_for(lambda: states(server)["tiny-en"] == "loaded", 60, "loaded at start")
     models = httpx.get(server.url + "/v1/models").json()["data"]
     assert [(m["id"], m["status"]) for m in models] == [("whisper-base", "loaded"), ("whisper-1", "loaded"),
-                                                        ("tiny-en", "loaded"), (TURBO, "unloaded")]
+                                                        ("tiny-en", "loaded"), (TURBO, "unloaded"),
+                                                        ("broken", "unloaded")]
     assert [m["root"] for m in models[:2]] == ["whisper-base"] * 2 and models[2]["root"].endswith("tiny-en0")
     assert all(m["object"] == "model" and m["owned_by"] == "asr-service" for m in models)
     assert httpx.get(f"{server.url}/v1/models/{TURBO}").json()["root"] == TURBO
     assert httpx.get(server.url + "/health").json()["models"] == {"whisper-base": "loaded", "tiny-en": "loaded",
-                                                                 TURBO: "unloaded"}
+                                                                 TURBO: "unloaded", "broken": "unloaded"}
 
 
 def test_a_name_not_served_is_404_listing_the_served_ones(server, client):
@@ -82,7 +84,7 @@ def test_a_name_not_served_is_404_listing_the_served_ones(server, client):
         fox(client, "Systran/faster-whisper-large-v3")
     body = missing.value.body
     assert body["code"] == "model_not_found" and body["param"] == "model"
-    assert all(name in body["message"] for name in ("whisper-base", "whisper-1", "tiny-en", TURBO))
+    assert all(name in body["message"] for name in ("whisper-base", "whisper-1", "tiny-en", TURBO, "broken"))
     assert httpx.get(server.url + "/v1/models/whisper-9").status_code == 404
     assert fox(client, "whisper-1").text == FOX  # the server is fine
 
@@ -110,7 +112,8 @@ def test_a_model_loading_on_first_use_holds_up_no_other(server, client):
     assert states(server)[TURBO] == "loading"  # the base model answered while the other was still loading
     first_use.join(timeout=120)
     assert isinstance(answers["turbo"].language, str) and answers["turbo"].language  # its fused prefix parsed
-    assert states(server) == {"whisper-base": "loaded", "whisper-1": "loaded", "tiny-en": "unloaded", TURBO: "loaded"}
+    assert states(server) == {"whisper-base": "loaded", "whisper-1": "loaded", "tiny-en": "unloaded", TURBO: "loaded",
+                              "broken": "unloaded"}
 
 
 def test_an_idle_model_is_unloaded_and_loads_again_when_asked_for(server, client):
@@ -136,3 +139,15 @@ def test_a_realtime_session_picks_its_model_at_connect(server):
     with connect(server.url.replace("http", "ws") + "/v1/realtime?intent=transcription&model=nope") as ws:
         error = json.loads(ws.recv())
         assert error["type"] == "error" and error["error"]["code"] == "model_not_found"
+
+
+def test_a_model_that_cannot_load_says_why_and_the_others_serve_on(server, client):
+    with pytest.raises(openai.APIStatusError) as failed:
+        fox(client, "broken")
+    assert failed.value.status_code == 503
+    body = failed.value.body
+    assert body["code"] == "model_unavailable" and "'broken' could not be loaded" in body["message"]
+    assert "/nonexistent/whisper" in body["message"]  # the loader's reason
+    card = httpx.get(server.url + "/v1/models/broken").json()
+    assert card["status"] == "failed" and "/nonexistent/whisper" in card["error"]
+    assert fox(client, "whisper-1").text == FOX
