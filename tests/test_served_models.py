@@ -28,7 +28,7 @@ FOX = "The quick brown fox jumps over the lazy dog."
 def hub(tmp_path_factory):
     hub = StandinHub()
     hub.add(TURBO, write_checkpoint(SHAPES["large-v3-turbo"], tmp_path_factory.mktemp("turbo")))
-    hub.slow[(TURBO, "model.safetensors")] = 1.0  # about 14 s for its 14 MB: time to watch it load
+    hub.slow[(TURBO, "model.safetensors")] = 0.6  # about 8 s for its 14 MB: time to watch it load
     hub.start()
     yield hub
     hub.stop()

@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
+from starlette.datastructures import FormData
 
 from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_audio
 from ..engine.params import EngineUnavailable
@@ -70,8 +71,8 @@ def _counting(receive, limit: int, pause_limit: float):
     return wrapped
 
 
-async def _read_request(request: Request, state: ServerState, task: str) -> tuple[TranscriptionRequest, bytes, Lease]:
-    """The request's form, its upload, and a hold on the model it names (loaded by now)."""
+async def _read_form(request: Request, state: ServerState) -> FormData:
+    """The request's multipart form, its upload spooled (counted against the upload limit)."""
     limit = state.settings.limits.max_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
@@ -90,17 +91,32 @@ async def _read_request(request: Request, state: ServerState, task: str) -> tupl
     except Exception as e:  # malformed multipart, wrong content type
         raise OpenAIError(400, f"Could not parse the request as multipart/form-data: {e}",
                           code="invalid_request") from None
-    lease = await state.models.lease(model_named(form))
+    return form
+
+
+async def _lease_for(form: FormData, state: ServerState, deadline: float) -> Lease:
+    """A hold on the model the form names, loaded by now (its load may take what is left of the
+    request's deadline)."""
+    name = model_named(form)
     try:
-        req = parse_transcription_form(form, lease.runtime.adapter, task, state.settings.detection,
-                                       state.settings.default_stream_format)
-        if req.file.size is not None and req.file.size > limit:
-            raise OpenAIError(413, f"Upload of {req.file.size} bytes exceeds the limit of {limit} bytes",
-                              param="file", code="file_too_large")
-        return req, await req.file.read(), lease
-    except BaseException:
-        lease.release()
-        raise
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            return await state.models.lease(name)
+    except TimeoutError:
+        raise OpenAIError(503, f"The model '{name}' was still loading when the request's deadline passed; retry "
+                               "shortly", param="model", code="model_unavailable",
+                          headers={"Retry-After": "10"}) from None
+
+
+async def _parse_request(form: FormData, lease: Lease, state: ServerState,
+                         task: str) -> tuple[TranscriptionRequest, bytes]:
+    """The form's fields checked against the leased model, and the upload's bytes."""
+    limit = state.settings.limits.max_bytes
+    req = parse_transcription_form(form, lease.runtime.adapter, task, state.settings.detection,
+                                   state.settings.default_stream_format)
+    if req.file.size is not None and req.file.size > limit:
+        raise OpenAIError(413, f"Upload of {req.file.size} bytes exceeds the limit of {limit} bytes",
+                          param="file", code="file_too_large")
+    return req, await req.file.read()
 
 
 async def _decode(data: bytes, state: ServerState, ticket: Ticket, deadline: float):
@@ -204,10 +220,12 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
     try:
         try:
             async with asyncio.timeout(timeout):
-                req, data, lease = await _read_request(request, state, task)
+                form = await _read_form(request, state)
         except TimeoutError:
             raise OpenAIError(408, f"The upload did not arrive within the request timeout of {timeout:g} s",
                               code="timeout", type="timeout_error") from None
+        lease = await _lease_for(form, state, deadline)
+        req, data = await _parse_request(form, lease, state, task)
         runtime = lease.runtime
         refusal = runtime.transcriber.refusal(req.options)
         if refusal is not None:
