@@ -22,7 +22,7 @@ from .runtime import DEVICES, ENGINES, QUANTIZATIONS, RuntimeSettings
 from .server.admission import AdmissionLimits
 from .server.auth import ENV_VAR, keys_from
 from .server.connections import DEFAULT_MAX_CONNECTIONS, ConnectionLimits
-from .server.model_pool import parse_model_entry
+from .server.model_pool import check_entries, parse_model_entry
 from .server.request_form import STREAM_FORMATS
 from .server.state import DEFAULT_MODELS
 
@@ -218,8 +218,7 @@ def _served_models(args) -> tuple:
         entries = (replace(entries[0], names=tuple(args.served_model_name)),)
     if len(entries) > 1 and args.engine == "sglang":
         raise ValueError("--engine sglang serves one model (the one its SGLang servers load); give one --model")
-    if args.max_loaded_models is not None and args.max_loaded_models < min(2, len(entries)):
-        raise ValueError("--max-loaded-models must be at least 2 with several models (the default stays loaded)")
+    check_entries(entries, args.max_loaded_models)
     return entries
 
 

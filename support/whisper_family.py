@@ -14,6 +14,7 @@ changed by the same insertions the real member's has:
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,14 +73,20 @@ def english_only_tokenizer(packaged: dict) -> dict:
     return _shifted(out, eot, -1)
 
 
+@functools.lru_cache(maxsize=1)
+def _packaged():
+    """The packaged model's tokenizer and config (its model.bin is read whole for them: once)."""
+    from asr_service.model_loading import load_model
+
+    return load_model(weights=False)
+
+
 def write_checkpoint(shape: Shape, out: Path, seed: int = 0) -> Path:
     """A random-weight checkpoint of ``shape`` in ``out`` (an HF Whisper directory)."""
     import torch
     import transformers
 
-    from asr_service.model_loading import load_model
-
-    packaged = load_model(weights=False)
+    packaged = _packaged()
     tokenizer = json.loads(packaged.tokenizer_file.read_text())
     tokenizer = {"v2": tokenizer, "v3": v3_tokenizer(tokenizer), "en": english_only_tokenizer(tokenizer)}[shape.tokenizer]
     eot = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "<|endoftext|>")

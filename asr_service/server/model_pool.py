@@ -99,18 +99,23 @@ class Lease:
             self.model.last_used = time.monotonic()
 
 
+def check_entries(entries: list[ModelEntry] | tuple[ModelEntry, ...], max_loaded: int | None) -> None:
+    """ValueError when the served models do not combine (checked before anything loads)."""
+    names = [n for e in entries for n in e.names]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"served model name(s) {', '.join(repeated)} given to more than one model")
+    # The default stays loaded: another model needs a second place.
+    if max_loaded is not None and max_loaded < min(2, len(entries)):
+        raise ValueError(f"--max-loaded-models {max_loaded} leaves no room beside the default model, which "
+                         "stays loaded; with several models it must be at least 2")
+
+
 class ModelPool:
     def __init__(self, entries: list[ModelEntry], settings: RuntimeSettings, max_loaded: int | None = None,
                  idle_timeout_s: float | None = None):
-        names = [n for e in entries for n in e.names]
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise ValueError(f"served model name(s) {', '.join(repeated)} given to more than one model")
+        check_entries(entries, max_loaded)
         self.max_loaded = max_loaded or len(entries)
-        # The default stays loaded: another model needs a second place.
-        if self.max_loaded < min(2, len(entries)):
-            raise ValueError(f"--max-loaded-models {self.max_loaded} leaves no room beside the default model, which "
-                             "stays loaded; with several models it must be at least 2")
         self.idle_timeout_s = idle_timeout_s
         self.models = [ServedModel(e, dataclasses.replace(settings, model=e.spec), resident=i == 0)
                        for i, e in enumerate(entries)]

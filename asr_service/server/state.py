@@ -70,7 +70,7 @@ class ServerState:
         self.settings = settings
         self.models = ModelPool(list(settings.models), settings.runtime, settings.max_loaded_models,
                                 settings.model_idle_timeout_s)
-        self.started = False
+        self.ready = False  # the default model is loaded and warm
         self.startup_error: str | None = None
         self.created = int(time.time())
         self.door = Door(ApiKeys(settings.api_keys))
@@ -80,17 +80,13 @@ class ServerState:
         self.metrics.watch(self.figures)
 
     @property
-    def ready(self) -> bool:
-        return self.started
-
-    @property
     def default(self) -> ServedModel:
         return self.models.default
 
     async def start(self) -> None:
         try:
             await self.models.load_default()
-            self.started = True
+            self.ready = True
         except LoadFailed as e:  # the server stays up and says why it is not ready (logged by the pool)
             self.startup_error = str(e)
             return
