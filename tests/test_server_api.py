@@ -338,7 +338,7 @@ def test_the_same_request_gets_the_same_answer(server):
                               load_clip("en", "hello_world"), gap])
     audio = wav_bytes(np.concatenate([passage] * 5))  # 42.5 s: two windows
     answers = []
-    for _ in range(3):
+    for _ in range(2):
         r = post(server, {"response_format": "verbose_json"}, {"file": ("ten.wav", audio, "audio/wav")})
         assert r.status_code == 200, r.text
         body = r.json()
@@ -346,7 +346,7 @@ def test_the_same_request_gets_the_same_answer(server):
         # steps round differently in their last digits (seen: 1e-7), never in the tokens chosen here.
         answers.append((body["text"], body["language"], [
             (s["start"], s["end"], s["text"], s["tokens"], s["temperature"], s["language"]) for s in body["segments"]]))
-    assert answers[0] == answers[1] == answers[2]
+    assert answers[0] == answers[1]
     assert any(s[4] > 0 for s in answers[0][2])  # a sampled retry was kept, seeded
     text = answers[0][0].lower()
     assert text.count("quick brown fox") >= 4, text  # Whisper base drops one repeat in the first window
