@@ -37,7 +37,8 @@ def to_json(result: TranscriptionResult) -> dict:
 def to_verbose_json(result: TranscriptionResult) -> dict:
     # Beyond OpenAI's segment fields, each segment says its language (chunks of long audio
     # detect their own; see TranscriptionOptions.detect_language_per_chunk).
-    segments = [asdict(s) for s in result.segments]
+    # ``speaker`` only when diarization was asked for.
+    segments = [{k: v for k, v in asdict(s).items() if k != "speaker" or v is not None} for s in result.segments]
     body = {
         "task": result.task,
         # A translation's language is the output's, as OpenAI's SDK types it (always English);

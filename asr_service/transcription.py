@@ -107,6 +107,7 @@ class Segment:
     compression_ratio: float
     no_speech_prob: float | None
     language: str | None
+    speaker: str | None = None  # with diarization (diarization/attribution.py): who said it
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,9 @@ class Utterance:
     end: float
 
 
-def _synthesize(speaker: str, text: str, workdir: Path) -> np.ndarray:
+def synthesize(command: list[str], text: str, workdir: Path) -> np.ndarray:
+    """``text`` said by a Festival (text2wave) or espeak-ng ``command``: 16 kHz mono, peak 0.5."""
     out = workdir / "turn.wav"
-    command = VOICES[speaker]
     if command[0] == "text2wave":
         subprocess.run([*command, "-o", str(out)], input=text, text=True, check=True, capture_output=True)
     else:
@@ -113,7 +113,7 @@ def _join(turns: list[tuple[str, str]], pauses: list[float], lead_in: float) -> 
     truth: list[Utterance] = []
     with tempfile.TemporaryDirectory() as tmp:
         for (speaker, text), pause in zip(turns, pauses):
-            speech = _synthesize(speaker, text, Path(tmp))
+            speech = synthesize(VOICES[speaker], text, Path(tmp))
             truth.append(Utterance(speaker, text, position / SAMPLE_RATE, (position + speech.shape[0]) / SAMPLE_RATE))
             gap = np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32)
             pieces += [speech, gap]
