@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long speech-tools clean
+.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long bench-diarization speech-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,10 @@ speech-tools:
 
 bench-long: $(BENCH_STAMP) speech-tools
 	$(BIN)/python -m bench.long_audio
+
+# Diarization error rate, speaker count and added time on support/speakers.py's voices.
+bench-diarization: $(BENCH_STAMP) speech-tools
+	$(BIN)/python -m bench.diarization
 
 clean:
 	rm -rf $(VENV) build *.egg-info

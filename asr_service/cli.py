@@ -14,10 +14,10 @@ from pathlib import Path
 
 from .audio import AudioError, AudioLimits, decode_audio
 from .flag_environment import EnvironmentFlagError, EnvironmentFlags
-from .formats import RESPONSE_FORMATS, render
+from .formats import RESPONSE_FORMATS, render, to_rttm
 from .model_loading import DEFAULT_MODEL, ModelLoadError
 from .realtime.session import RealtimeLimits
-from .request_options import OPTIONS, OptionError, build_options
+from .request_options import OPTIONS, OptionError, build_diarization, build_options
 from .runtime import DEVICES, ENGINES, QUANTIZATIONS, RuntimeSettings
 from .server.admission import AdmissionLimits
 from .server.auth import ENV_VAR, keys_from
@@ -109,7 +109,8 @@ def _build_parser() -> tuple[argparse.ArgumentParser, EnvironmentFlags]:
     t = sub.add_parser("transcribe", help="transcribe (or translate) audio files")
     t.add_argument("files", nargs="+", type=Path)
     t.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
-    t.add_argument("--response-format", choices=RESPONSE_FORMATS, default="json")
+    t.add_argument("--response-format", choices=(*RESPONSE_FORMATS, "rttm"), default="json",
+                   help="rttm: the speakers' turns, diarized (NIST RTTM)")
     _add_option_args(t)
     t.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     _add_engine_args(t.add_argument)
@@ -238,7 +239,8 @@ def _error_line(message: str, code: str) -> str:
     return json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": "file", "code": code}})
 
 
-EXTENSIONS = {"json": "json", "verbose_json": "json", "text": "txt", "srt": "srt", "vtt": "vtt"}
+EXTENSIONS = {"json": "json", "verbose_json": "json", "text": "txt", "srt": "srt", "vtt": "vtt",
+              "diarized_json": "json", "rttm": "rttm"}
 PARTIAL = ".partial"  # suffix of a result being written; never a finished one
 
 
@@ -266,11 +268,19 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 async def _transcribe_files(args, runtime) -> int:
+    from .diarization.pipeline import diarizer_for, reference_clips, transcribe_with_speakers  # only when used
+
     limits = AudioLimits(args.max_bytes, args.max_seconds)
-    options = build_options(_option_values(args), runtime.adapter, args.task, args.response_format)
+    decoded_as = "diarized_json" if args.response_format == "rttm" else args.response_format  # RTTM: its turns
+    values = _option_values(args)
+    diarization = build_diarization(values, args.task, decoded_as)
+    options = build_options(values, runtime.adapter, args.task, decoded_as, diarized=diarization is not None)
     refusal = runtime.transcriber.refusal(options)
     if refusal is not None:
         raise OptionError(refusal.param or "engine", f"not supported by this engine: {refusal}")
+    if diarization is not None:
+        diarizer = diarizer_for(runtime.transcriber)
+        clips = await reference_clips(diarization, limits)
     outputs = _output_paths(args)
     todo = list(range(len(args.files)))
     if outputs is not None:
@@ -297,12 +307,20 @@ async def _transcribe_files(args, runtime) -> int:
             decoded.append(chunk.duration)
             progress.advance(chunk.duration)
 
-        result = await runtime.transcriber.transcribe(audio, options, on_chunk_done=chunk_done if progress else None)
+        on_chunk_done = chunk_done if progress else None
+        if diarization is None:
+            result = await runtime.transcriber.transcribe(audio, options, on_chunk_done=on_chunk_done)
+        else:
+            result = await transcribe_with_speakers(runtime.transcriber, diarizer, audio, options, diarization, clips,
+                                                    on_chunk_done)
         if progress:
             progress.advance(audio.shape[0] / runtime.adapter.config.sample_rate - sum(decoded))
         if outputs is not None:  # written as soon as it is done: a killed batch keeps it
-            write_atomically(outputs[i], render(result, args.response_format))
+            write_atomically(outputs[i], written(result, args.files[i]))
         return result
+
+    def written(result, path: Path) -> str:
+        return to_rttm(result, path.stem) if args.response_format == "rttm" else render(result, args.response_format)
 
     # All files go to the engine together: their chunks share its batch.
     results = await asyncio.gather(*(one(i, a) for i, a in zip(todo, audios)))
@@ -321,9 +339,9 @@ async def _transcribe_files(args, runtime) -> int:
         elif outputs is not None:
             print(f"wrote {outputs[i]}", file=sys.stderr)
         elif json_lines:
-            print(render(result, args.response_format))
+            print(written(result, path))
         else:
-            print(render(result, args.response_format).rstrip("\n") + ("\n" if len(args.files) > 1 else ""))
+            print(written(result, path).rstrip("\n") + ("\n" if len(args.files) > 1 else ""))
     return status
 
 

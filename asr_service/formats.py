@@ -6,11 +6,11 @@ import json
 import math
 from dataclasses import asdict
 
-from .transcription import TranscriptionResult
+from .transcription import Segment, TranscriptionResult
 
-RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 # Formats that need segment times, so the decode runs with Whisper timestamp tokens.
-TIMED_FORMATS = frozenset({"srt", "vtt", "verbose_json"})
+TIMED_FORMATS = frozenset({"srt", "vtt", "verbose_json", "diarized_json"})
 
 
 def _clock(seconds: float, decimal: str) -> str:
@@ -57,17 +57,40 @@ def to_verbose_json(result: TranscriptionResult) -> dict:
     return body
 
 
+def diarized_segment(segment: Segment) -> dict:
+    """A segment as OpenAI's ``transcript.text.segment`` (in diarized_json, and as a stream event)."""
+    return {"type": "transcript.text.segment", "id": f"seg_{segment.id}", "start": segment.start, "end": segment.end,
+            "text": segment.text.strip(), "speaker": segment.speaker}
+
+
+def to_diarized_json(result: TranscriptionResult) -> dict:
+    """OpenAI's diarized_json (the SDK's TranscriptionDiarized): segments with their speakers."""
+    return {"task": "transcribe", "duration": result.duration, "text": result.text,
+            "segments": [diarized_segment(s) for s in result.segments], "usage": usage(result)}
+
+
 def to_srt(result: TranscriptionResult) -> str:
+    # A speaker, when diarized, opens the cue's text: "A: ..." (the common subtitle convention).
     blocks = [
-        f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n"
+        f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{'' if s.speaker is None else s.speaker + ': '}{s.text.strip()}\n"
         for i, s in enumerate(result.segments, start=1)
     ]
     return "\n".join(blocks)
 
 
 def to_vtt(result: TranscriptionResult) -> str:
-    blocks = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n" for s in result.segments]
+    # WebVTT's own voice span names the speaker: "<v A>...".
+    blocks = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n"
+              f"{'' if s.speaker is None else f'<v {s.speaker}>'}{s.text.strip()}\n" for s in result.segments]
     return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def to_rttm(result: TranscriptionResult, file_id: str) -> str:
+    """NIST RTTM, the diarization tools' exchange format: a SPEAKER line per segment (file id
+    without whitespace, channel 1, onset and duration in seconds, speaker name)."""
+    file_id = "_".join(file_id.split()) or "audio"
+    return "".join(f"SPEAKER {file_id} 1 {s.start:.3f} {s.end - s.start:.3f} <NA> <NA> {s.speaker} <NA> <NA>\n"
+                   for s in result.segments)
 
 
 def render(result: TranscriptionResult, response_format: str) -> str:
@@ -76,6 +99,8 @@ def render(result: TranscriptionResult, response_format: str) -> str:
         return json.dumps(to_json(result), ensure_ascii=False)
     if response_format == "verbose_json":
         return json.dumps(to_verbose_json(result), ensure_ascii=False)
+    if response_format == "diarized_json":
+        return json.dumps(to_diarized_json(result), ensure_ascii=False)
     if response_format == "text":
         return result.text + "\n"
     if response_format == "srt":

@@ -77,6 +77,8 @@ class Option:
         return value
 
 
+MAX_SPEAKERS = 32
+
 OPTIONS: tuple[Option, ...] = (
     Option("language", str, "ISO-639-1 code; absent: detected in the same decode as the text"),
     Option("allowed_languages", list, "ISO-639-1 codes: detection chooses only among these"),
@@ -111,11 +113,66 @@ OPTIONS: tuple[Option, ...] = (
            0.0, 10.0),
     Option("timestamp_granularities", list, "segment (any format) and/or word (verbose_json only)"),
     Option("include", list, "logprobs: each text token with its log-probability (json, verbose_json)"),
+    Option("diarize", bool, "label each segment with its speaker (response_format diarized_json implies it)"),
+    Option("min_speakers", int, "diarization: at least this many speakers", 1, MAX_SPEAKERS),
+    Option("max_speakers", int, "diarization: at most this many speakers", 1, MAX_SPEAKERS),
+    Option("known_speaker_names", list, "diarization: the names of the voices in known_speaker_references"),
+    Option("known_speaker_references", list, "diarization: a 2-10 s clip of each known speaker (a data URL over "
+                                             "HTTP, a file path on the command line)"),
 )
 
 
+@dataclass(frozen=True)
+class DiarizationOptions:
+    """Who spoke when, asked for with diarized_json or diarize=true (diarization/pipeline.py)."""
+
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+    known_speakers: tuple[tuple[str, str], ...] = ()  # (name, reference: data URL or path), in order
+    keep_words: bool = False  # the request asked for word timestamps (diarization decodes them anyway)
+
+
+def build_diarization(values: Mapping[str, object], task: str, response_format: str) -> DiarizationOptions | None:
+    """The request's diarization, or None when it asks for none. Raises OptionError for what
+    cannot apply (OpenAI's rules for gpt-4o-transcribe-diarize where they are its)."""
+    def given(name: str, default=None):
+        value = values.get(name)
+        return default if value is None else value
+
+    diarized = response_format == "diarized_json" or given("diarize", False)
+    if not diarized:
+        for name in ("min_speakers", "max_speakers", "known_speaker_names", "known_speaker_references"):
+            if given(name) is not None:
+                raise OptionError(name, f"{name} applies to diarization: set response_format=diarized_json or "
+                                        "diarize=true", code="unsupported_value")
+        return None
+    if response_format not in ("diarized_json", "verbose_json", "srt", "vtt"):
+        raise OptionError("diarize", f"response_format {response_format!r} has no place for speakers; use "
+                                     "diarized_json, verbose_json, srt or vtt", code="unsupported_value")
+    if task != "transcribe":
+        raise OptionError("response_format", "Diarization transcribes; translations are not diarized",
+                          code="unsupported_value")
+    if given("prompt") is not None:  # as OpenAI's diarization model
+        raise OptionError("prompt", "prompt is not supported with diarization", code="unsupported_value")
+    if given("include") is not None:
+        raise OptionError("include", "include[]=logprobs is not supported with diarization", code="unsupported_value")
+    low, high = given("min_speakers"), given("max_speakers")
+    if low is not None and high is not None and low > high:
+        raise OptionError("min_speakers", f"min_speakers ({low}) is more than max_speakers ({high})")
+    names, references = given("known_speaker_names", []), given("known_speaker_references", [])
+    if len(names) != len(references):
+        raise OptionError("known_speaker_names", f"known_speaker_names has {len(names)} entries and "
+                                                 f"known_speaker_references {len(references)}: one name per reference")
+    if len(set(names)) != len(names) or not all(n.strip() for n in names):
+        raise OptionError("known_speaker_names", "known_speaker_names must be distinct and non-empty")
+    if high is not None and len(names) > high:
+        raise OptionError("known_speaker_names", f"{len(names)} known speakers is more than max_speakers ({high})")
+    return DiarizationOptions(min_speakers=low, max_speakers=high, known_speakers=tuple(zip(names, references)),
+                              keep_words="word" in given("timestamp_granularities", []))
+
+
 def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, task: str, response_format: str,
-                  stream: bool = False, detection: str = "fused") -> TranscriptionOptions:
+                  stream: bool = False, detection: str = "fused", diarized: bool = False) -> TranscriptionOptions:
     """TranscriptionOptions from parsed ``values`` (option name -> typed value; absent or None:
     not given). Raises OptionError for a bad value or a combination that cannot apply."""
     def given(name: str, default=None):
@@ -153,6 +210,10 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         raise OptionError("timestamp_granularities", "This model cannot time words; use 'segment'",
                           code="unsupported_value")
 
+    if diarized and not adapter.supports_word_timestamps:
+        raise OptionError("response_format", "This model cannot time words, and diarization gives each word its "
+                                             "speaker", code="unsupported_value")
+
     include = list(given("include", []))
     for item in include:
         if item != "logprobs":
@@ -178,7 +239,7 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         # Only the timed formats decode with timestamps. Whisper's text is measurably better
         # without them where windows cut speech (faster-whisper's decodes of the same windows
         # agree), so json and text keep that; the timed formats get the seek (transcription.py).
-        timestamps=response_format in TIMED_FORMATS,
+        timestamps=response_format in TIMED_FORMATS or diarized,
         previous_text=given("prompt"),
         hotwords=given("hotwords"),
         temperature=given("temperature", 0.0),
@@ -200,7 +261,7 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         condition_on_previous_text=given("condition_on_previous_text", False),
         vad_filter=given("vad_filter", True),
         vad=_vad_settings(given("chunking_strategy"), given("vad_filter", True)),
-        word_timestamps=word_timestamps,
+        word_timestamps=word_timestamps or diarized,  # each word goes to its speaker
         token_logprobs=token_logprobs,
         beam_size=beams,
         length_penalty=given("length_penalty"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from .transcription import ChunkDone, Finished, PipelineEvent, TokenTally, TranscriptionResult
+from .transcription import ChunkDone, Finished, PipelineEvent, Segment, TokenTally, TranscriptionResult
 
 DETECTION_FAILED = "language auto-detect failed: forced-prefix sentinel was not produced before stream end"
 
@@ -37,7 +37,15 @@ class StreamDone:
     result: TranscriptionResult
 
 
-StreamItem = StreamDelta | StreamFailed | StreamDone
+@dataclass(frozen=True)
+class StreamSegment:
+    """A speaker-labelled segment of a diarized stream (diarization/pipeline.py), sent before
+    the done item."""
+
+    segment: Segment
+
+
+StreamItem = StreamDelta | StreamFailed | StreamSegment | StreamDone
 
 
 def _visible(decoded: str) -> str:

@@ -7,7 +7,8 @@ one monologue of 37 s. The truth is where each voice's speech is, to the 10 ms: 
 synthesized turn is trimmed to its sound, and a silence of MIN_TRUTH_PAUSE_S or more inside a
 turn (between its sentences) is not speech, as an annotator marks it.
 
-``short=True`` gives the first 11 turns only (40 s, every voice), for the tests.
+``short=True`` gives the first 11 turns only (40 s, every voice), for the tests;
+build_monologue the whole script in one voice.
 """
 
 from __future__ import annotations
@@ -92,8 +93,16 @@ def _sound_spans(audio: np.ndarray) -> list[tuple[int, int]]:
 
 def build(short: bool = False, seed: int = 0) -> tuple[np.ndarray, list[Turn]]:
     """The conversation and its truth, in time order."""
+    return _join(SCRIPT[:SHORT_TURNS] if short else SCRIPT, seed)
+
+
+def build_monologue(speaker: str = "B", seed: int = 3) -> tuple[np.ndarray, list[Turn]]:
+    """The whole script read by one voice: one speaker must be found, not several."""
+    return _join([(speaker, text) for _, text in SCRIPT], seed)
+
+
+def _join(script: list[tuple[str, str]], seed: int) -> tuple[np.ndarray, list[Turn]]:
     rng = np.random.default_rng(seed)
-    script = SCRIPT[:SHORT_TURNS] if short else SCRIPT
     pieces, turns, position = [np.zeros(SAMPLE_RATE // 2, dtype=np.float32)], [], SAMPLE_RATE // 2
     with tempfile.TemporaryDirectory() as tmp:
         for i, (speaker, text) in enumerate(script):

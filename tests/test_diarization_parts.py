@@ -4,6 +4,7 @@ names, and the split of a segment whose words change speaker."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from asr_service.diarization.attribution import attribute, speaker_at
 from asr_service.diarization.clustering import cluster, match_known
 from asr_service.diarization.diarizer import SpeakerTurn, letter_names
+from asr_service.formats import to_diarized_json, to_srt, to_verbose_json, to_vtt
+from asr_service.request_options import DiarizationOptions, OptionError, build_diarization
 from asr_service.transcription import Segment, TranscriptionResult
 from asr_service.word_timing import Word
 
@@ -87,3 +90,67 @@ def test_words_that_do_not_match_the_segments_are_an_error():
 def test_a_word_between_turns_goes_to_the_nearest():
     turns = [SpeakerTurn("A", 0.0, 1.0), SpeakerTurn("B", 3.0, 4.0)]
     assert speaker_at(1.2, 1.5, turns) == "A" and speaker_at(2.6, 2.9, turns) == "B"
+
+
+def labelled_result() -> TranscriptionResult:
+    segments = [Segment(id=i, seek=0, start=float(i), end=i + 0.9, text=f" Line {i}.", tokens=[i], temperature=0.0,
+                        avg_logprob=-0.1, compression_ratio=1.0, no_speech_prob=0.0, language="en", speaker=who)
+                for i, who in enumerate(["A", "Alice"])]
+    return TranscriptionResult(task="transcribe", text="Line 0. Line 1.", language="en", language_probability=1.0,
+                               duration=2.0, segments=segments)
+
+
+def test_diarized_json_is_openais_shape():
+    from openai.types.audio import TranscriptionDiarized
+
+    body = to_diarized_json(labelled_result())
+    parsed = TranscriptionDiarized.model_validate(body)  # the SDK's own type
+    assert [(s.id, s.speaker, s.text, s.start, s.end) for s in parsed.segments] == [
+        ("seg_0", "A", "Line 0.", 0.0, 0.9), ("seg_1", "Alice", "Line 1.", 1.0, 1.9)]
+    assert parsed.usage.seconds == 2
+
+
+def test_subtitles_name_the_speaker_of_each_cue():
+    assert "00:00:00,000 --> 00:00:00,900\nA: Line 0.\n" in to_srt(labelled_result())
+    assert "00:00:01.000 --> 00:00:01.900\n<v Alice>Line 1.\n" in to_vtt(labelled_result())
+    plain = replace(labelled_result(), segments=[replace(s, speaker=None) for s in labelled_result().segments])
+    assert "\nLine 0.\n" in to_srt(plain) and "<v" not in to_vtt(plain)
+    assert all("speaker" not in s for s in to_verbose_json(plain)["segments"])
+    assert [s["speaker"] for s in to_verbose_json(labelled_result())["segments"]] == ["A", "Alice"]
+
+
+@pytest.mark.parametrize("values, response_format, task, param", [
+    ({"prompt": "hi"}, "diarized_json", "transcribe", "prompt"),
+    ({"include": ["logprobs"]}, "diarized_json", "transcribe", "include"),
+    ({"min_speakers": 3, "max_speakers": 2}, "diarized_json", "transcribe", "min_speakers"),
+    ({"known_speaker_names": ["a", "b"], "known_speaker_references": ["x"]}, "diarized_json", "transcribe",
+     "known_speaker_names"),
+    ({"known_speaker_names": ["a", "a"], "known_speaker_references": ["x", "y"]}, "diarized_json", "transcribe",
+     "known_speaker_names"),
+    ({"known_speaker_names": ["a", "b"], "known_speaker_references": ["x", "y"], "max_speakers": 1},
+     "diarized_json", "transcribe", "known_speaker_names"),
+    ({"diarize": True}, "json", "transcribe", "diarize"),
+    ({"min_speakers": 2}, "verbose_json", "transcribe", "min_speakers"),
+    ({}, "diarized_json", "translate", "response_format"),
+])
+def test_diarization_requests_that_cannot_apply_are_refused(values, response_format, task, param):
+    with pytest.raises(OptionError) as refused:
+        build_diarization(values, task, response_format)
+    assert refused.value.param == param
+
+
+def test_diarization_is_asked_for_by_format_or_flag():
+    assert build_diarization({}, "transcribe", "json") is None
+    asked = build_diarization({"diarize": True, "timestamp_granularities": ["word"], "known_speaker_names": ["a"],
+                               "known_speaker_references": ["x"]}, "transcribe", "vtt")
+    assert asked == DiarizationOptions(known_speakers=(("a", "x"),), keep_words=True)
+    assert build_diarization({}, "transcribe", "diarized_json") == DiarizationOptions()
+
+
+def test_too_few_words_for_the_segments_are_an_error_too():
+    segment = Segment(id=0, seek=0, start=0.0, end=1.0, text=" one two", tokens=[0, 1], temperature=0.0,
+                      avg_logprob=0.0, compression_ratio=1.0, no_speech_prob=0.0, language="en")
+    result = TranscriptionResult(task="transcribe", text="one two", language="en", language_probability=1.0,
+                                 duration=1.0, segments=[segment], words=[Word("one", 0, 0.5)])
+    with pytest.raises(ValueError, match="do not match"):
+        attribute(result, [SpeakerTurn("A", 0, 2)], split_on_spaces)

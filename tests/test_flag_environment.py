@@ -70,7 +70,7 @@ def test_several_models_from_the_environment_and_how_they_combine():
     assert args.max_loaded_models == 2
     with pytest.raises(ValueError, match="at least 2"):  # the default stays loaded: no room for another
         _served_models(parse_args(["serve", "--model", "a", "--model", "b", "--max-loaded-models", "1"], {}))
-    assert [e.names for e in _served_models(parse_args(["serve"], {}))] == [("whisper-base", "whisper-1")]
+    assert [e.names for e in _served_models(parse_args(["serve"], {}))] == [("whisper-base", "whisper-1", "gpt-4o-transcribe-diarize")]
     alone = _served_models(parse_args(["serve", "--model", "a", "--served-model-name", "b", "c"], {}))
     assert [(e.spec, e.names) for e in alone] == [("a", ("b", "c"))]
     with pytest.raises(ValueError, match="--served-model-name names a single --model"):

@@ -412,7 +412,7 @@ def test_unknown_language_names_the_parameter_and_lists_codes(server):
 
 
 @pytest.mark.parametrize("fields,param", [
-    ({"response_format": "diarized_json"}, "response_format"),
+    ({"response_format": "tsv"}, "response_format"),
     ({"temperature": "5"}, "temperature"),
     ({"temperature": "hot"}, "temperature"),
     ({"stream": "maybe"}, "stream"),

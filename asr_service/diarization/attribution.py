@@ -38,7 +38,9 @@ def attribute(result: TranscriptionResult, turns: list[SpeakerTurn], split_words
     segments: list[Segment] = []
     for segment in result.segments:
         pieces = split_words(segment.tokens, segment.language)
-        timed = [next(words) if text.strip() else None for text, _ in pieces]
+        timed = [next(words, None) if text.strip() else None for text, _ in pieces]
+        if any(w is None for w, (text, _) in zip(timed, pieces) if text.strip()):
+            raise ValueError("the transcript's words do not match its segments' tokens")
         for part in _split(segment, pieces, timed, turns):
             segments.append(replace(part, id=len(segments)))
     if next(words, None) is not None:

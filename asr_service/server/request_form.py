@@ -15,7 +15,7 @@ from starlette.datastructures import FormData, UploadFile
 from adapters.base import TranscriptionAdapter
 
 from ..formats import RESPONSE_FORMATS
-from ..request_options import OPTIONS, Option, OptionError, build_options
+from ..request_options import OPTIONS, DiarizationOptions, Option, OptionError, build_diarization, build_options
 from ..transcription import TranscriptionOptions
 from .errors import OpenAIError
 
@@ -35,6 +35,7 @@ class TranscriptionRequest:
     stream_format: str
     stream_include_usage: bool
     stream_continuous_usage_stats: bool = False
+    diarization: DiarizationOptions | None = None  # who spoke when, with the transcript
 
 
 def _bad(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
@@ -101,10 +102,16 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         stream_format = _text(form, "stream_format") or default_stream_format
         if stream_format not in STREAM_FORMATS:
             raise OptionError("stream_format", f"stream_format must be one of {', '.join(STREAM_FORMATS)}")
-        if stream and response_format not in ("json", "text"):
-            raise OptionError("stream", f"Streaming returns text events; use response_format json or text, not "
-                                        f"{response_format!r}", code="unsupported_value")
-        options = build_options(_values(form), adapter, task, response_format, stream, detection)
+        if stream and response_format not in ("json", "text", "diarized_json"):
+            raise OptionError("stream", f"Streaming returns text events; use response_format json, text or "
+                                        f"diarized_json, not {response_format!r}", code="unsupported_value")
+        values = _values(form)
+        diarization = build_diarization(values, task, response_format)
+        if diarization is not None and stream and stream_format == "chunk":
+            raise OptionError("stream_format", "stream_format=chunk has no place for speakers; a diarized stream "
+                                               "is OpenAI's (stream_format=openai)", code="unsupported_value")
+        options = build_options(values, adapter, task, response_format, stream, detection,
+                                diarized=diarization is not None)
         if options.token_logprobs and stream and stream_format == "chunk":
             raise OptionError("include", "include[]=logprobs streams in OpenAI's events (the done event carries "
                                          "them); stream_format=chunk has no place for them", code="unsupported_value")
@@ -118,4 +125,5 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         raise _bad(e.param, str(e), e.code) from None
     return TranscriptionRequest(file=file, response_format=response_format,
                                 options=options, stream=stream, stream_format=stream_format,
-                                stream_include_usage=include_usage, stream_continuous_usage_stats=continuous_usage)
+                                stream_include_usage=include_usage, stream_continuous_usage_stats=continuous_usage,
+                                diarization=diarization)

@@ -9,8 +9,8 @@ import uuid
 from typing import AsyncIterator
 
 from ..engine.params import EngineUnavailable
-from ..formats import logprobs
-from ..streaming import StreamDelta, StreamDone, StreamFailed, StreamItem
+from ..formats import diarized_segment, logprobs
+from ..streaming import StreamDelta, StreamDone, StreamFailed, StreamItem, StreamSegment
 from .errors import OpenAIError
 
 log = logging.getLogger(__name__)
@@ -38,10 +38,13 @@ async def _guarded(items: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem
 
 
 async def openai_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict]:
-    """``transcript.text.delta`` events, then ``transcript.text.done``, then ``[DONE]``."""
+    """``transcript.text.delta`` events (a diarized stream: then its ``transcript.text.segment``
+    events), then ``transcript.text.done``, then ``[DONE]``."""
     async for item in _guarded(items):
         if isinstance(item, StreamDelta):
             yield _data({"type": "transcript.text.delta", "delta": item.text})
+        elif isinstance(item, StreamSegment):  # the SDK's TranscriptionTextSegmentEvent
+            yield _data(diarized_segment(item.segment))
         elif isinstance(item, StreamFailed):
             yield _failure(item)
             break

@@ -23,7 +23,9 @@ from .metrics import ServerMetrics
 from .model_pool import LoadFailed, ModelEntry, ModelPool, ServedModel
 
 # The packaged model, also under the name OpenAI's SDK examples use.
-DEFAULT_MODELS = (ModelEntry(DEFAULT_MODEL, (DEFAULT_MODEL, "whisper-1")),)
+# OpenAI's names, so SDK code that names them works unchanged: whisper-1, and the diarizing
+# model (any served model diarizes with response_format=diarized_json).
+DEFAULT_MODELS = (ModelEntry(DEFAULT_MODEL, (DEFAULT_MODEL, "whisper-1", "gpt-4o-transcribe-diarize")),)
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,9 @@ from starlette.datastructures import FormData
 
 from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_audio
 from ..engine.params import EngineUnavailable
-from ..formats import render, to_json, to_verbose_json
+from ..diarization.pipeline import diarizer_for, reference_clips, stream_with_speakers, transcribe_with_speakers
+from ..formats import render, to_diarized_json, to_json, to_verbose_json
+from ..request_options import OptionError
 from ..streaming import StreamDone, StreamFailed, StreamItem, render_stream
 from ..transcription import TokenTally
 from .admission import Overloaded, Ticket
@@ -234,6 +236,12 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
         audio = await _decode(data, state, ticket, deadline)
         seconds = audio.shape[0] / runtime.adapter.config.sample_rate
         ticket.claim(seconds)
+        if req.diarization is not None:
+            try:
+                diarizer = diarizer_for(runtime.transcriber)
+                clips = await reference_clips(req.diarization, state.settings.limits)
+            except OptionError as e:
+                raise OpenAIError(400, str(e), param=e.param, code=e.code) from None
     except Overloaded as e:
         _release(ticket, lease)
         raise _busy(state, e) from None
@@ -247,7 +255,11 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
             try:
                 tally = TokenTally()
                 events = runtime.transcriber.run(audio, req.options, streamed=True, tally=tally)
-                rendered = _until_grace_over(render_stream(events, tally), state.door)
+                rendered = render_stream(events, tally)
+                if req.diarization is not None:
+                    rendered = stream_with_speakers(rendered, runtime.transcriber, diarizer, audio, req.diarization,
+                                                    clips)
+                rendered = _until_grace_over(rendered, state.door)
                 async for item in _with_deadline(rendered, remaining, timeout):
                     if req.options.language is None and isinstance(item, StreamDone):
                         state.metrics.detection(item.result.language)
@@ -262,9 +274,13 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
                   if req.stream_format == "chunk" else openai_events(items()))
         # The release also runs after the response, for a stream that never started.
         return EventSourceResponse(events, background=BackgroundTask(_release, ticket, lease))
+    if req.diarization is None:
+        work = runtime.transcriber.transcribe(audio, req.options)
+    else:
+        work = transcribe_with_speakers(runtime.transcriber, diarizer, audio, req.options, req.diarization, clips)
     try:
         async with asyncio.timeout(remaining):
-            result = await _until_disconnected(request, state.door, runtime.transcriber.transcribe(audio, req.options))
+            result = await _until_disconnected(request, state.door, work)
     except TimeoutError:
         raise _timed_out(timeout) from None
     except EngineUnavailable as e:
@@ -289,6 +305,8 @@ def _release(ticket: Ticket, lease: Lease | None) -> None:
 def _respond(result, req: TranscriptionRequest) -> Response:
     if req.response_format == "verbose_json":
         return JSONResponse(to_verbose_json(result))  # language is null when detection failed
+    if req.response_format == "diarized_json":
+        return JSONResponse(to_diarized_json(result))
     if result.detection_failure and not result.text:
         param = "max_completion_tokens" if req.options.max_new_tokens is not None else None
         raise OpenAIError(400 if param else 500, f"Language auto-detect failed: {result.detection_failure}",

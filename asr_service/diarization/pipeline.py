@@ -1,0 +1,118 @@
+"""A transcript with its speakers: the transcription (with word times) and the diarization of
+the same audio run together, then every word is given its speaker (attribution). Known
+speakers' reference clips are decoded and enrolled first."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ..audio import AudioError, AudioLimits, decode_audio
+from ..chunking import AudioChunk
+from ..pcm import SAMPLE_RATE
+from ..request_options import DiarizationOptions, OptionError
+from ..streaming import StreamDone, StreamItem, StreamSegment
+from ..transcription import TranscriptionOptions, TranscriptionResult, Transcriber
+from .attribution import attribute
+from .diarizer import Diarizer
+from .voice_encoder import VoiceEncoder
+
+# OpenAI's bounds on a known speaker's reference clip.
+REFERENCE_SECONDS = (2.0, 10.0)
+
+
+def diarizer_for(transcriber: Transcriber) -> Diarizer:
+    if transcriber.gate is None:
+        raise OptionError("response_format", "Diarization finds speech with the speech gate, and this server runs "
+                                             "without it", code="unsupported_value")
+    return Diarizer(transcriber.gate, VoiceEncoder.pretrained())
+
+
+def reference_audio(reference: str, limits: AudioLimits) -> np.ndarray:
+    """A known speaker's clip from a data URL (``data:audio/...;base64,...``) or a file path
+    (the command line), checked to be 2-10 s long."""
+    if reference.startswith("data:"):
+        header, _, payload = reference.partition(",")
+        if not header.endswith(";base64"):
+            raise OptionError("known_speaker_references", "A reference must be a base64 data URL "
+                                                          "(data:audio/wav;base64,...)")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except binascii.Error:
+            raise OptionError("known_speaker_references", "A reference's base64 data does not decode") from None
+    else:
+        try:
+            data = Path(reference).read_bytes()
+        except OSError as e:
+            raise OptionError("known_speaker_references", f"Cannot read the reference {reference!r}: {e.strerror}") from None
+    try:
+        audio = decode_audio(data, limits)
+    except AudioError as e:
+        raise OptionError("known_speaker_references", f"A reference is not audio this server can decode: {e}") from None
+    seconds = audio.shape[0] / SAMPLE_RATE
+    low, high = REFERENCE_SECONDS
+    if not low <= seconds <= high:
+        raise OptionError("known_speaker_references", f"A reference must be {low:g}-{high:g} s long, got {seconds:.1f} s")
+    return audio
+
+
+async def reference_clips(diarization: DiarizationOptions, limits: AudioLimits) -> dict[str, np.ndarray]:
+    """The known speakers' clips, decoded and checked (OptionError naming the field otherwise):
+    before any work, so that a bad one is refused up front."""
+    return {name: await asyncio.to_thread(reference_audio, ref, limits) for name, ref in diarization.known_speakers}
+
+
+def _speaker_turns(diarizer: Diarizer, audio: np.ndarray, diarization: DiarizationOptions,
+                   clips: dict[str, np.ndarray]) -> asyncio.Future:
+    """The diarization of ``audio``, started on a thread: it runs while the engine decodes."""
+    def who_spoke_when():
+        known = {name: diarizer.enrol(clip) for name, clip in clips.items()}
+        return diarizer.diarize(audio, diarization.min_speakers, diarization.max_speakers, known)
+
+    return asyncio.ensure_future(asyncio.to_thread(who_spoke_when))
+
+
+def _labelled(result: TranscriptionResult, turns, transcriber: Transcriber,
+              diarization: DiarizationOptions) -> TranscriptionResult:
+    labelled = attribute(result, turns, transcriber.adapter.split_words)
+    return labelled if diarization.keep_words else replace(labelled, words=None)
+
+
+async def transcribe_with_speakers(transcriber: Transcriber, diarizer: Diarizer, audio: np.ndarray,
+                                   options: TranscriptionOptions, diarization: DiarizationOptions,
+                                   clips: dict[str, np.ndarray],
+                                   on_chunk_done: Callable[[AudioChunk], None] | None = None) -> TranscriptionResult:
+    """``options`` come from build_options(..., diarized=True): timestamps and word times on;
+    ``clips`` from reference_clips."""
+    turns_done = _speaker_turns(diarizer, audio, diarization, clips)
+    try:
+        result = await transcriber.transcribe(audio, options, on_chunk_done=on_chunk_done)
+    finally:
+        turns = await turns_done  # a thread cannot be stopped: it ends on its own, in seconds
+    return _labelled(result, turns, transcriber, diarization)
+
+
+async def stream_with_speakers(items: AsyncIterator[StreamItem], transcriber: Transcriber, diarizer: Diarizer,
+                               audio: np.ndarray, diarization: DiarizationOptions,
+                               clips: dict[str, np.ndarray]) -> AsyncIterator[StreamItem]:
+    """A stream's deltas as they are decoded, then, once the whole transcript and the
+    diarization are done (speakers are clustered over the whole file), each speaker-labelled
+    segment, then the done item."""
+    turns_done = _speaker_turns(diarizer, audio, diarization, clips)
+    try:
+        async for item in items:
+            if isinstance(item, StreamDone):
+                labelled = _labelled(item.result, await turns_done, transcriber, diarization)
+                for segment in labelled.segments:
+                    yield StreamSegment(segment)
+                item = StreamDone(item.text, labelled)
+            yield item
+    finally:
+        await turns_done
+        await items.aclose()
