@@ -154,3 +154,11 @@ def test_too_few_words_for_the_segments_are_an_error_too():
                                  duration=1.0, segments=[segment], words=[Word("one", 0, 0.5)])
     with pytest.raises(ValueError, match="do not match"):
         attribute(result, [SpeakerTurn("A", 0, 2)], split_on_spaces)
+
+
+def test_more_windows_than_the_tree_takes_are_clustered_all_the_same():
+    from asr_service.diarization.clustering import MAX_TREE_WINDOWS
+
+    embeddings, truth = voices([MAX_TREE_WINDOWS // 2, MAX_TREE_WINDOWS, MAX_TREE_WINDOWS // 2], seed=3)
+    assert list(cluster(embeddings)) == list(truth)
+    assert len(set(cluster(embeddings, max_speakers=2))) == 2

@@ -6,7 +6,7 @@ import pytest
 from starlette.datastructures import FormData, UploadFile
 
 from asr_service.cli import _option_values, _server_settings, parse_args
-from asr_service.request_options import OPTIONS, OptionError, build_options
+from asr_service.request_options import OPTIONS, DiarizationOptions, OptionError, build_diarization, build_options
 from asr_service.server.request_form import parse_transcription_form
 from asr_service.speech_gate import VadSettings
 
@@ -23,17 +23,24 @@ EVERY_OPTION = {
     "condition_on_previous_text": "true", "use_beam_search": "true", "n": "3", "length_penalty": "1.0",
     "timestamp_granularities": ["word", "segment"], "include": ["logprobs"],
 }
+# Diarization's options (a DiarizationOptions of their own; diarization refuses prompt and include).
+DIARIZATION_OPTIONS = {
+    "diarize": "true", "min_speakers": "2", "max_speakers": "5", "known_speaker_names": ["Ann", "Bo"],
+    "known_speaker_references": ["ann.wav", "bo.wav"],
+}
 
 
 def test_the_table_is_what_this_test_sets():
-    assert {o.name for o in OPTIONS} == set(EVERY_OPTION)
+    assert {o.name for o in OPTIONS} == set(EVERY_OPTION) | set(DIARIZATION_OPTIONS)
 
 
-def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
+def form_and_argv(values: dict) -> tuple[list, list]:
     form = [("file", UploadFile(io.BytesIO(b""), filename="x.wav")), ("response_format", "verbose_json")]
     argv = ["transcribe", "x.wav", "--response-format", "verbose_json"]
     for option in OPTIONS:
-        value = EVERY_OPTION[option.name]
+        if option.name not in values:
+            continue
+        value = values[option.name]
         if option.kind is list:
             form += [(f"{option.name}[]", v) for v in value]
             argv += [option.flag, *value]
@@ -43,6 +50,11 @@ def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
                 argv.append(option.flag if value == "true" else f"--no-{option.flag[2:]}")
             else:
                 argv += [option.flag, value]
+    return form, argv
+
+
+def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
+    form, argv = form_and_argv(EVERY_OPTION)
     from_form = parse_transcription_form(FormData(form), adapter, "transcribe").options
     from_cli = build_options(_option_values(parse_args(argv, {})), adapter, "transcribe", "verbose_json")
     assert from_cli == from_form
@@ -53,6 +65,15 @@ def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
     assert from_form.vad == VadSettings(threshold=0.6, window_pause_s=0.8)
     assert from_form.fallback_temperatures == () and from_form.thresholds.no_speech == 0.5
     assert from_form.token_logprobs
+
+
+def test_diarization_options_mean_the_same_from_the_form_and_the_cli(adapter):
+    form, argv = form_and_argv(DIARIZATION_OPTIONS)
+    request = parse_transcription_form(FormData(form), adapter, "transcribe")
+    from_cli = build_diarization(_option_values(parse_args(argv, {})), "transcribe", "verbose_json")
+    assert request.diarization == from_cli == DiarizationOptions(
+        min_speakers=2, max_speakers=5, known_speakers=(("Ann", "ann.wav"), ("Bo", "bo.wav")))
+    assert request.options.timestamps and request.options.word_timestamps  # every word gets its speaker
 
 
 def test_cli_shorthands_and_refusals(adapter):

@@ -51,9 +51,9 @@ class Diarizer:
 
     def enrol(self, audio: np.ndarray) -> np.ndarray:
         """A known speaker's voice from a reference clip: the mean of its windows' embeddings."""
-        starts = np.concatenate([self._window_starts(s, e, len(audio)) for s, e in self._speech(audio)] or
-                                [self._window_starts(0, len(audio), len(audio))])
-        mean = self._embed(audio, starts).mean(axis=0)
+        regions = self._speech(audio) or [(0, len(audio))]
+        per_region = [self._window_starts(s, e, len(audio)) for s, e in regions]
+        mean = self._embed_regions(audio, regions, per_region).mean(axis=0)
         return mean / max(float(np.linalg.norm(mean)), 1e-8)
 
     def diarize(self, audio: np.ndarray, min_speakers: int | None = None, max_speakers: int | None = None,
