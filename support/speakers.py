@@ -13,9 +13,8 @@ build_monologue the whole script in one voice.
 
 from __future__ import annotations
 
-import json
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -122,13 +121,3 @@ def _join(script: list[tuple[str, str]], seed: int) -> tuple[np.ndarray, list[Tu
 def with_noise(audio: np.ndarray, rms: float = NOISE_RMS, seed: int = 1) -> np.ndarray:
     noise = np.random.default_rng(seed).standard_normal(audio.shape[0]).astype(np.float32) * rms
     return (audio + noise).astype(np.float32)
-
-
-def rttm(turns: list[Turn], file_id: str) -> str:
-    return "".join(f"SPEAKER {file_id} 1 {t.start:.3f} {t.end - t.start:.3f} <NA> <NA> {t.speaker} <NA> <NA>\n"
-                   for t in turns)
-
-
-def write_truth(path: Path, audio: np.ndarray, turns: list[Turn]) -> None:
-    path.write_text(json.dumps({"seconds": audio.shape[0] / SAMPLE_RATE, "turns": [asdict(t) for t in turns]},
-                               indent=1))

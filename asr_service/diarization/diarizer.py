@@ -16,7 +16,7 @@ import numpy as np
 from ..pcm import SAMPLE_RATE
 from ..speech_gate import SpeechGate
 from .clustering import centroids, cluster, match_known
-from .voice_encoder import WINDOW_SAMPLES, VoiceEncoder
+from .voice_encoder import EMBEDDING_SIZE, WINDOW_SAMPLES, VoiceEncoder
 
 WINDOW_STEP_S = 0.4  # a window every 0.4 s: a change of speaker is placed within ~0.2 s
 MIN_SILENCE_S = 0.1  # a pause this long ends a stretch of speech (where turns may change)
@@ -99,12 +99,12 @@ class Diarizer:
                        per_region: list[np.ndarray]) -> np.ndarray:
         """One embedding per window; a region shorter than a window is embedded from its own
         samples only."""
-        out = self._embed(audio, np.concatenate(per_region))
-        row = 0
-        for (start, end), starts in zip(regions, per_region):
-            if end - start < WINDOW_SAMPLES:
-                out[row] = self.encoder.embed_short(audio[start:end])
-            row += len(starts)
+        short = np.concatenate([np.full(len(st), e - s < WINDOW_SAMPLES) for (s, e), st in zip(regions, per_region)])
+        out = np.empty((len(short), EMBEDDING_SIZE), dtype=np.float32)
+        if not short.all():
+            out[~short] = self._embed(audio, np.concatenate(per_region)[~short])
+        for row, (start, end) in zip(np.flatnonzero(short), [r for r in regions if r[1] - r[0] < WINDOW_SAMPLES]):
+            out[row] = self.encoder.embed_short(audio[start:end])
         return out
 
     @staticmethod
