@@ -614,7 +614,8 @@ class Transcriber:
             end_row = np.zeros_like(rows[:, :1])
             end_row[..., min(attention.shape[-1], round(outcome.chunk.duration * FRAMES_PER_SECOND)) - 1] = 1.0
         pieces = [w for s in outcome.parsed.segments for w in self.adapter.split_words(s.token_ids, outcome.parsed.language)]
-        timed = word_times(pieces, np.concatenate([rows, end_row], axis=1), outcome.chunk.duration)
+        text_logprobs = [outcome.result.logprobs[j] for j in text_rows]
+        timed = word_times(pieces, text_logprobs, np.concatenate([rows, end_row], axis=1), outcome.chunk.duration)
         return [replace(w, word=w.word.strip()) for w in timed if w.word.strip()]
 
     def _token_logprobs(self, outcome: ChunkOutcome) -> list[TokenLogprob]:

@@ -10,7 +10,7 @@ with the inner recurrence vectorised (prefix minima), and it runs on small matri
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -23,6 +23,9 @@ class Word:
     word: str
     start: float  # seconds from the start of the audio window
     end: float
+    # The mean of its tokens' probabilities under the kept decode (faster-whisper's measure):
+    # how sure the model was of the word.
+    probability: float
 
 
 def _median_filter(x: np.ndarray, width: int) -> np.ndarray:
@@ -91,21 +94,24 @@ def clamp_at_sentence_ends(words: list[Word]) -> list[Word]:
         if w.end - w.start <= longest:
             continue
         if w.word.rstrip().endswith(SENTENCE_END):
-            out[i] = Word(w.word, w.start, round(w.start + longest, 2))
+            out[i] = replace(w, end=round(w.start + longest, 2))
         elif i == 0 or out[i - 1].word.rstrip().endswith(SENTENCE_END):
-            out[i] = Word(w.word, round(w.end - longest, 2), w.end)
+            out[i] = replace(w, start=round(w.end - longest, 2))
     return out
 
 
-def word_times(words: list[tuple[str, int]], attention: np.ndarray, duration: float) -> list[Word]:
+def word_times(words: list[tuple[str, int]], token_logprobs: list[float], attention: np.ndarray,
+               duration: float) -> list[Word]:
     """``words``: (text, number of tokens) in order, covering every row of ``attention`` but
-    the last (the end token). Times are relative to the audio window."""
+    the last (the end token); ``token_logprobs``: those tokens' log-probabilities. Times are
+    relative to the audio window."""
     n_frames = max(1, min(attention.shape[-1], int(round(duration * FRAMES_PER_SECOND))))
     starts = token_start_times(attention, n_frames)
     out, index = [], 0
     for text, n_tokens in words:
         start, end = float(starts[index]), float(starts[index + n_tokens])
-        out.append(Word(text, round(start, 2), round(max(end, start), 2)))
+        probability = float(np.mean(np.exp(token_logprobs[index : index + n_tokens])))
+        out.append(Word(text, round(start, 2), round(max(end, start), 2), round(probability, 4)))
         index += n_tokens
     return clamp_at_sentence_ends(out)
 
@@ -132,5 +138,5 @@ def snap_to_speech_onsets(words: list[Word], speech: list[tuple[float, float]]) 
         word = out[k]
         opens = k == 0 or out[k - 1].end <= start
         if opens and start < word.start < min(end, start + MAX_ONSET_SHIFT_S):
-            out[k] = Word(word.word, round(start, 2), word.end)
+            out[k] = replace(word, start=round(start, 2))
     return out

@@ -11,6 +11,7 @@ Every test module declares one tier with ``pytestmark``:
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -56,6 +57,16 @@ def sglang_judges(runtime):
     yield judges
     for judge in judges.values():
         judge.close()
+
+
+@pytest.fixture(scope="session")
+def four_voices():
+    """support/speakers.py's short four-voice conversation (audio, truth), synthesized once."""
+    missing = [tool for tool in ("text2wave", "espeak-ng") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"speech synthesizers missing ({', '.join(missing)}); `make test` installs them as root")
+    from support.speakers import build
+    return build(short=True)
 
 
 @pytest.fixture(scope="module")

@@ -85,12 +85,12 @@ def test_padding_widens_regions_and_splits_a_short_silence_between_them():
 
 
 def test_a_word_that_opens_speech_never_starts_after_the_speech_does():
-    words = [Word("Fine.", 1.50, 1.90), Word("What", 2.00, 2.20), Word("Good.", 4.30, 4.60)]
+    words = [Word("Fine.", 1.50, 1.90, 0.9), Word("What", 2.00, 2.20, 0.9), Word("Good.", 4.30, 4.60, 0.9)]
     speech = [(1.00, 2.40), (4.00, 5.00)]
     snapped = snap_to_speech_onsets(words, speech)
     assert [w.start for w in snapped] == [1.00, 2.00, 4.00]  # late openers move back; "What" stays
     assert [w.end for w in snapped] == [w.end for w in words]
-    early = [Word("I", 3.50, 4.20)]  # starts in the pause before the speech: left (the VAD hears onsets late)
+    early = [Word("I", 3.50, 4.20, 0.9)]  # starts in the pause before the speech: left (the VAD hears onsets late)
     assert snap_to_speech_onsets(early, speech) == early
-    far = [Word("So", 6.30, 6.50)]  # more than a second after the onset: not the word that opened it
+    far = [Word("So", 6.30, 6.50, 0.9)]  # more than a second after the onset: not the word that opened it
     assert snap_to_speech_onsets(far, [(5.00, 7.00)]) == far

@@ -4,7 +4,6 @@ voice encoder, and the packaged Whisper model for the words."""
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -17,17 +16,14 @@ from asr_service.diarization.diarizer import Diarizer, SpeakerTurn
 from asr_service.diarization.voice_encoder import VoiceEncoder
 from asr_service.transcription import TranscriptionOptions
 from support.dialogue import synthesize
-from support.speakers import VOICES, Turn, build, with_noise
+from support.speakers import VOICES, Turn, with_noise
 
 pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
-def conversation() -> tuple[np.ndarray, list[Turn]]:
-    missing = [tool for tool in ("text2wave", "espeak-ng") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"speech synthesizers missing ({', '.join(missing)}); `make test` installs them as root")
-    return build(short=True)
+def conversation(four_voices) -> tuple[np.ndarray, list[Turn]]:
+    return four_voices
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import soundfile as sf
 from openai.types.audio import TranscriptionDiarized
 
 from support.dialogue import synthesize
-from support.speakers import VOICES, build
+from support.speakers import VOICES
 
 pytestmark = pytest.mark.server
 
@@ -33,11 +32,8 @@ def wav(audio) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def conversation():
-    missing = [tool for tool in ("text2wave", "espeak-ng") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"speech synthesizers missing ({', '.join(missing)}); `make test` installs them as root")
-    audio, truth = build(short=True)
+def conversation(four_voices):
+    audio, truth = four_voices
     return wav(audio), truth
 
 
@@ -145,7 +141,9 @@ def test_what_cannot_apply_is_refused_and_the_server_stays_well(server, conversa
         ({"response_format": "json", "diarize": "true"}, "diarize"),
         ({"response_format": "json", "max_speakers": "2"}, "max_speakers"),
         ({"response_format": "diarized_json", "stream": "true", "stream_format": "chunk"}, "stream_format"),
-        ({"response_format": "verbose_json", "diarize": "true", "stream": "true"}, "stream"),
+        ({"response_format": "srt", "diarize": "true", "stream": "true"}, "stream"),
+        ({"response_format": "verbose_json", "diarize": "true", "stream": "true", "stream_format": "chunk"},
+         "stream_format"),
     ]
     for fields, param in cases:
         r = post(server, fields, audio)

@@ -67,7 +67,7 @@ WORDS = ["one", "two", "three", "four", "five"]
 def test_a_segment_is_split_where_its_words_change_speaker():
     segment = Segment(id=0, seek=0, start=0.0, end=5.0, text=" one two three four five", tokens=[0, 1, 2, 3, 4],
                       temperature=0.0, avg_logprob=-0.2, compression_ratio=1.0, no_speech_prob=0.01, language="en")
-    words = [Word(w, float(i), i + 0.8) for i, w in enumerate(WORDS)]
+    words = [Word(w, float(i), i + 0.8, 0.9) for i, w in enumerate(WORDS)]
     result = TranscriptionResult(task="transcribe", text=segment.text.strip(), language="en",
                                  language_probability=1.0, duration=5.0, segments=[segment], words=words)
     turns = [SpeakerTurn("A", 0.0, 1.9), SpeakerTurn("B", 2.1, 5.0)]
@@ -82,7 +82,7 @@ def test_words_that_do_not_match_the_segments_are_an_error():
     segment = Segment(id=0, seek=0, start=0.0, end=1.0, text=" one", tokens=[0], temperature=0.0, avg_logprob=0.0,
                       compression_ratio=1.0, no_speech_prob=0.0, language="en")
     result = TranscriptionResult(task="transcribe", text="one", language="en", language_probability=1.0,
-                                 duration=1.0, segments=[segment], words=[Word("one", 0, 1), Word("two", 1, 2)])
+                                 duration=1.0, segments=[segment], words=[Word("one", 0, 1, 0.9), Word("two", 1, 2, 0.9)])
     with pytest.raises(ValueError, match="do not match"):
         attribute(result, [SpeakerTurn("A", 0, 2)], split_on_spaces)
 
@@ -151,7 +151,7 @@ def test_too_few_words_for_the_segments_are_an_error_too():
     segment = Segment(id=0, seek=0, start=0.0, end=1.0, text=" one two", tokens=[0, 1], temperature=0.0,
                       avg_logprob=0.0, compression_ratio=1.0, no_speech_prob=0.0, language="en")
     result = TranscriptionResult(task="transcribe", text="one two", language="en", language_probability=1.0,
-                                 duration=1.0, segments=[segment], words=[Word("one", 0, 0.5)])
+                                 duration=1.0, segments=[segment], words=[Word("one", 0, 0.5, 0.9)])
     with pytest.raises(ValueError, match="do not match"):
         attribute(result, [SpeakerTurn("A", 0, 2)], split_on_spaces)
 

@@ -204,6 +204,28 @@ def test_sdk_streaming_iterates_openai_events(client):
     assert "".join(deltas) == done[0].text == "A rápida raposa, Marrom salta sobre o cachorro preguiçoso."
 
 
+def test_sdk_verbose_json_stream_ends_with_the_whole_result(client):
+    """A verbose_json stream (this server's; the page reads it): deltas as the text decodes,
+    then a done event that also carries verbose_json's language, segments and words, the same
+    as the same request without stream gives for this clean clip."""
+    audio = wav_bytes(np.concatenate([load_clip("en", "quick_brown_fox"), np.zeros(16000, np.float32),
+                                      load_clip("en", "counting")]))
+    asked = dict(model="whisper-1", file=("two.wav", audio), response_format="verbose_json",
+                 timestamp_granularities=["word", "segment"])
+    events = list(client.audio.transcriptions.create(**asked, stream=True))
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    done = [e for e in events if e.type == "transcript.text.done"]
+    assert len(done) == 1 and len(deltas) > 1 and "".join(deltas) == done[0].text
+    whole = client.audio.transcriptions.create(**asked)
+    extra = done[0].model_extra
+    assert done[0].text == whole.text and extra["language"] == whole.language == "en"
+    assert extra["duration"] == whole.duration
+    assert [(s["start"], s["end"], s["text"]) for s in extra["segments"]] == [(s.start, s.end, s.text) for s in whole.segments]
+    assert [(w["word"], w["start"], w["end"]) for w in extra["words"]] == [(w.word, w.start, w.end) for w in whole.words]
+    assert all(0 < w["probability"] <= 1 for w in extra["words"])
+    assert [w["probability"] for w in extra["words"]] == [w.model_extra["probability"] for w in whole.words]
+
+
 def test_sdk_retrieves_the_served_model(client):
     assert client.models.retrieve("whisper-1").id == "whisper-1"
     with pytest.raises(openai.NotFoundError) as missing:
@@ -421,6 +443,7 @@ def test_unknown_language_names_the_parameter_and_lists_codes(server):
     ({"include[]": "logprobs", "response_format": "srt"}, "include"),
     ({"include[]": "logprobs", "stream": "true", "stream_format": "chunk"}, "include"),
     ({"stream": "true", "response_format": "srt"}, "stream"),
+    ({"stream": "true", "response_format": "verbose_json", "stream_format": "chunk"}, "stream_format"),
     ({"top_p": "2"}, "top_p"),
     ({"log_prob_threshold": "3"}, "log_prob_threshold"),
     ({"vad_filter": "perhaps"}, "vad_filter"),

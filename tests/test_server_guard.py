@@ -78,7 +78,7 @@ def test_health_and_the_page_stay_open(server):
     head = httpx.head(server.url + "/health")  # load balancers probe with HEAD
     assert head.status_code == 200 and head.content == b""
     assert httpx.get(server.url + "/").status_code == 200
-    assert httpx.get(server.url + "/page/app.js").status_code == 200
+    assert httpx.get(server.url + "/page/workbench.js").status_code == 200
 
 
 def test_openai_sdk_with_the_key(server):

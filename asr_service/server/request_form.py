@@ -20,6 +20,9 @@ from ..transcription import TranscriptionOptions
 from .errors import OpenAIError
 
 STREAM_FORMATS = ("openai", "chunk")
+# verbose_json streams here (not at OpenAI): deltas as the text is decoded, then a done event
+# that also carries verbose_json's fields (server/sse.py), which is what the page reads.
+STREAMED_FORMATS = ("json", "text", "verbose_json", "diarized_json")
 # Fields of the HTTP response rather than of the decode: the form alone has them.
 OPTION_STREAM = Option("stream", bool, "stream text events")
 OPTION_INCLUDE_USAGE = Option("stream_include_usage", bool, "a usage chunk at the end")
@@ -102,9 +105,14 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         stream_format = _text(form, "stream_format") or default_stream_format
         if stream_format not in STREAM_FORMATS:
             raise OptionError("stream_format", f"stream_format must be one of {', '.join(STREAM_FORMATS)}")
-        if stream and response_format not in ("json", "text", "diarized_json"):
-            raise OptionError("stream", f"Streaming returns text events; use response_format json, text or "
-                                        f"diarized_json, not {response_format!r}", code="unsupported_value")
+        if stream and response_format not in STREAMED_FORMATS:
+            raise OptionError("stream", f"Streaming returns text events; use response_format "
+                                        f"{', '.join(STREAMED_FORMATS)}, not {response_format!r}",
+                              code="unsupported_value")
+        if stream and response_format == "verbose_json" and stream_format == "chunk":
+            raise OptionError("stream_format", "stream_format=chunk has no place for segments and words; a "
+                                               "verbose_json stream is OpenAI's (stream_format=openai)",
+                              code="unsupported_value")
         values = _values(form)
         diarization = build_diarization(values, task, response_format)
         if diarization is not None and stream and stream_format == "chunk":

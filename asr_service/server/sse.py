@@ -9,7 +9,7 @@ import uuid
 from typing import AsyncIterator
 
 from ..engine.params import EngineUnavailable
-from ..formats import diarized_segment, logprobs
+from ..formats import diarized_segment, logprobs, to_verbose_json
 from ..streaming import StreamDelta, StreamDone, StreamFailed, StreamItem, StreamSegment
 from .errors import OpenAIError
 
@@ -37,9 +37,19 @@ async def _guarded(items: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem
         yield StreamFailed(f"transcription failed: {type(e).__name__}: {e}", code="internal_error")
 
 
-async def openai_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict]:
+# verbose_json's fields that a done event carries beside its own (text, logprobs, usage).
+VERBOSE_FIELDS = ("task", "language", "source_language", "language_probability", "duration", "segments", "words")
+
+
+def _verbose_fields(item: StreamDone) -> dict:
+    body = to_verbose_json(item.result)
+    return {k: body[k] for k in VERBOSE_FIELDS if k in body}
+
+
+async def openai_events(items: AsyncIterator[StreamItem], verbose: bool = False) -> AsyncIterator[dict]:
     """``transcript.text.delta`` events (a diarized stream: then its ``transcript.text.segment``
-    events), then ``transcript.text.done``, then ``[DONE]``."""
+    events), then ``transcript.text.done``, then ``[DONE]``. A ``verbose`` (verbose_json)
+    stream's done event also carries verbose_json's segments, words, language and duration."""
     async for item in _guarded(items):
         if isinstance(item, StreamDelta):
             yield _data({"type": "transcript.text.delta", "delta": item.text})
@@ -56,6 +66,7 @@ async def openai_events(items: AsyncIterator[StreamItem]) -> AsyncIterator[dict]
                 "usage": {"type": "tokens", "input_tokens": item.result.prompt_tokens,
                           "output_tokens": item.result.output_tokens,
                           "total_tokens": item.result.prompt_tokens + item.result.output_tokens},
+                **(_verbose_fields(item) if verbose else {}),
             })
     yield {"data": "[DONE]"}
 

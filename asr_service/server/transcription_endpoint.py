@@ -271,7 +271,7 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
                 _release(ticket, lease)
 
         events = (chunk_events(items(), lease.name, req.stream_include_usage, req.stream_continuous_usage_stats)
-                  if req.stream_format == "chunk" else openai_events(items()))
+                  if req.stream_format == "chunk" else openai_events(items(), req.response_format == "verbose_json"))
         # The release also runs after the response, for a stream that never started.
         return EventSourceResponse(events, background=BackgroundTask(_release, ticket, lease))
     if req.diarization is None:

@@ -1,26 +1,21 @@
-// The page's two parts: live microphone transcription over /v1/realtime, and file upload to
-// /v1/audio/transcriptions. Plain JavaScript, no build step.
-"use strict";
+// Live transcription: the microphone over /v1/realtime (OpenAI's realtime protocol). Each
+// utterance the server's VAD finds is one line with its start and end in the recording. Text
+// arrives once the server's partial decodes agree on it, so what is shown never changes; the
+// line still being heard is marked as open until its final transcript arrives. What was
+// recorded is kept, and can be opened in the file workbench.
+import { apiKey, clock, fillLanguageSelect } from "./common.js";
+import { transcribeFile } from "./workbench.js";
 
-const LANGUAGES = { en: "English", de: "German", es: "Spanish", fr: "French", it: "Italian", ja: "Japanese",
-  nl: "Dutch", pt: "Portuguese", ru: "Russian", zh: "Chinese" };
 const RATE = 24000; // OpenAI's audio/pcm rate; the server resamples to 16 kHz
 
-for (const id of ["live-language", "file-language"]) {
-  const select = document.getElementById(id);
-  for (const [code, name] of Object.entries(LANGUAGES)) select.add(new Option(`${name} (${code})`, code));
-}
-
-function apiKey() {
-  return document.getElementById("api-key").value.trim();
-}
-
-// ---- live transcription ----
-
 const recordButton = document.getElementById("record");
+const openButton = document.getElementById("open-recording");
 const liveStatus = document.getElementById("live-status");
 const transcript = document.getElementById("transcript");
+fillLanguageSelect(document.getElementById("live-language"));
+
 let live = null; // {ws, context, stream} while recording
+let recorded = []; // the Int16Array frames sent, for the workbench
 
 function itemElement(itemId) {
   let li = document.getElementById(`item-${itemId}`);
@@ -28,7 +23,12 @@ function itemElement(itemId) {
     li = document.createElement("li");
     li.id = `item-${itemId}`;
     li.className = "partial";
-    li.append(document.createElement("span"));
+    for (const part of ["when", "text"]) {
+      const span = document.createElement("span");
+      span.className = part;
+      li.append(span);
+    }
+    li.querySelector(".text").setAttribute("aria-description", "still being heard");
     transcript.append(li);
   }
   return li;
@@ -43,19 +43,28 @@ function toBase64(buffer) {
 
 function onServerEvent(event) {
   switch (event.type) {
-    case "input_audio_buffer.speech_started":
+    case "input_audio_buffer.speech_started": {
       liveStatus.textContent = "Recording: speech heard…";
-      itemElement(event.item_id);
+      const li = itemElement(event.item_id);
+      li.dataset.start = event.audio_start_ms / 1000;
+      li.querySelector(".when").textContent = `${clock(li.dataset.start)}–`;
       break;
-    case "input_audio_buffer.speech_stopped":
+    }
+    case "input_audio_buffer.speech_stopped": {
       liveStatus.textContent = "Recording: transcribing the last phrase…";
+      const li = itemElement(event.item_id);
+      li.dataset.end = event.audio_end_ms / 1000;
+      li.querySelector(".when").textContent = `${clock(li.dataset.start || 0)}–${clock(li.dataset.end)}`;
       break;
+    }
     case "conversation.item.input_audio_transcription.delta":
-      itemElement(event.item_id).firstChild.textContent += event.delta;
+      itemElement(event.item_id).querySelector(".text").textContent += event.delta;
       break;
     case "conversation.item.input_audio_transcription.completed": {
       const li = itemElement(event.item_id);
-      li.firstChild.textContent = event.transcript;
+      const text = li.querySelector(".text");
+      text.textContent = event.transcript;
+      text.removeAttribute("aria-description");
       li.className = "final";
       if (!event.transcript) li.remove(); // a turn with no words in it
       else if (event.languages && event.languages.length) {
@@ -88,6 +97,9 @@ async function startRecording() {
   const protocols = apiKey() ? ["realtime", `openai-insecure-api-key.${apiKey()}`] : undefined;
   const ws = new WebSocket(`${scheme}://${location.host}/v1/realtime?intent=transcription`, protocols);
   live = { ws, context, stream };
+  recorded = [];
+  openButton.disabled = true;
+  transcript.replaceChildren();
   ws.onmessage = (message) => onServerEvent(JSON.parse(message.data));
   ws.onclose = () => {  // keep an error the server sent before closing (e.g. too many sessions)
     if (live && live.ws === ws) stopRecording(liveStatus.className === "error" ? liveStatus.textContent : "Connection closed.");
@@ -101,7 +113,9 @@ async function startRecording() {
   } } } }));
   const capture = new AudioWorkletNode(context, "pcm-capture");
   capture.port.onmessage = (message) => {
-    if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "input_audio_buffer.append", audio: toBase64(message.data) }));
+    if (ws.readyState !== WebSocket.OPEN) return;
+    recorded.push(new Int16Array(message.data));
+    ws.send(JSON.stringify({ type: "input_audio_buffer.append", audio: toBase64(message.data) }));
   };
   const mute = context.createGain(); // the graph must reach the output for the worklet to run
   mute.gain.value = 0;
@@ -122,6 +136,19 @@ function stopRecording(why) {
   recordButton.textContent = "Start recording";
   recordButton.setAttribute("aria-pressed", "false");
   liveStatus.textContent = why || "Not recording.";
+  openButton.disabled = recorded.length === 0;
+}
+
+// The recording as a 16-bit PCM WAV file (RIFF header, then the samples).
+function recordingWav() {
+  const samples = recorded.reduce((n, frame) => n + frame.length, 0);
+  const view = new DataView(new ArrayBuffer(44));
+  const text = (offset, value) => [...value].forEach((c, i) => view.setUint8(offset + i, c.charCodeAt(0)));
+  text(0, "RIFF"); view.setUint32(4, 36 + samples * 2, true); text(8, "WAVE");
+  text(12, "fmt "); view.setUint32(16, 16, true); view.setUint16(20, 1, true); view.setUint16(22, 1, true);
+  view.setUint32(24, RATE, true); view.setUint32(28, RATE * 2, true); view.setUint16(32, 2, true);
+  view.setUint16(34, 16, true); text(36, "data"); view.setUint32(40, samples * 2, true);
+  return new File([view.buffer, ...recorded], "recording.wav", { type: "audio/wav" });
 }
 
 recordButton.addEventListener("click", () => {
@@ -133,43 +160,7 @@ recordButton.addEventListener("click", () => {
   });
 });
 
-// ---- file upload ----
-
-const form = document.getElementById("upload");
-const fileStatus = document.getElementById("file-status");
-
-function seconds(value) { return Number(value).toFixed(2); }
-
-form.addEventListener("submit", async (event) => {
-  event.preventDefault();
-  const body = new FormData(form);
-  if (!body.get("language")) body.delete("language");
-  body.set("response_format", "verbose_json");
-  fileStatus.className = "";
-  fileStatus.textContent = "Transcribing…";
-  document.getElementById("file-result").hidden = true;
-  try {
-    const headers = apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {};
-    const response = await fetch("/v1/audio/transcriptions", { method: "POST", body, headers });
-    const result = await response.json();
-    if (!response.ok) throw new Error(result.error ? `${result.error.message} (${result.error.code})` : response.statusText);
-    document.getElementById("file-language-out").textContent = result.language || "not detected";
-    document.getElementById("file-duration").textContent = seconds(result.duration);
-    document.getElementById("file-text").textContent = result.text;
-    const rows = document.getElementById("segments");
-    rows.replaceChildren(...result.segments.map((segment) => {
-      const row = document.createElement("tr");
-      for (const value of [seconds(segment.start), seconds(segment.end), segment.text]) {
-        const cell = document.createElement("td");
-        cell.textContent = value;
-        row.append(cell);
-      }
-      return row;
-    }));
-    document.getElementById("file-result").hidden = false;
-    fileStatus.textContent = "Done.";
-  } catch (error) {
-    fileStatus.textContent = `Error: ${error.message}`;
-    fileStatus.className = "error";
-  }
+openButton.addEventListener("click", () => {
+  transcribeFile(recordingWav());
+  document.getElementById("file-heading").scrollIntoView();
 });
