@@ -39,7 +39,14 @@ SGLANG_VERSIONS := 0.5.21 0.5.23
 sglang-envs: $(STAMP)
 	$(BIN)/python -m support.sglang_env .sglang $(SGLANG_VERSIONS)
 
-test: $(STAMP) $(CHROMEDRIVER) speech-tools sglang-envs
+# tests/test_page.py's accessibility check runs axe-core (the npm package, never committed) in
+# the page: fetched once with the machine's npm into .axe/; without npm that check skips.
+AXE := .axe/node_modules/axe-core/axe.min.js
+$(AXE):
+	@if command -v npm >/dev/null; then npm install --no-save --no-audit --no-fund --prefix .axe axe-core@4.14.1 >/dev/null; \
+	else echo "npm not found: the page's accessibility check will skip"; fi
+
+test: $(STAMP) $(CHROMEDRIVER) $(AXE) speech-tools sglang-envs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Longer hostile-input run than CI's: fresh randomness, more cases (FUZZ_EXAMPLES per property).

@@ -41,6 +41,9 @@ pytestmark = pytest.mark.server
 
 
 KEY = "sk-page-test-key"
+# axe-core, the accessibility rules engine, fetched by `make test` with npm (Makefile: AXE).
+AXE = Path(__file__).resolve().parent.parent / ".axe/node_modules/axe-core/axe.min.js"
+WCAG_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +173,16 @@ def test_upload_shows_the_language_and_refuses_a_wrong_key(server, browser, tmp_
     wait_for_file_result(browser, 60)
 
 
+def accessibility_violations(browser) -> list[dict]:
+    """axe-core's WCAG 2.1 A/AA violations on the page as it is (labels, names, contrast, ...)."""
+    browser.execute_script(AXE.read_text(encoding="utf-8"))
+    return browser.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        axe.run(document, {runOnly: {type: "tag", values: arguments[0]}}).then((r) => done(r.violations.map(
+            (v) => ({id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 3).map((n) => n.target.join(" "))}))));
+        """, WCAG_AA)
+
+
 def downloaded(browser, name: str) -> str:
     path = browser.downloads / name
     WebDriverWait(browser, 20, poll_frequency=0.2).until(lambda d: path.exists() and path.stat().st_size > 0)
@@ -272,6 +285,7 @@ def test_workbench_shows_who_spoke_when_and_follows_the_playback(server, browser
     assert [(s["speaker"], s["text"]) for s in diarized["segments"]] == [(s["speaker"], s["text"].strip()) for s in segments]
     assert all(s["type"] == "transcript.text.segment" for s in diarized["segments"])
 
+
     # A phone-sized window: the workbench still fits its width.
     browser.set_window_size(390, 844)
     try:
@@ -280,3 +294,21 @@ def test_workbench_shows_who_spoke_when_and_follows_the_playback(server, browser
     finally:
         browser.set_window_size(1200, 900)
 
+
+
+def test_the_page_and_its_workbench_are_accessible(server, browser):
+    """axe-core's WCAG 2.1 A/AA rules (names, labels, contrast, ...), on the page as it opens and
+    with a diarized result in the workbench."""
+    if not AXE.exists():
+        if os.environ.get("CI") and shutil.which("npm"):  # `make test` fetches it wherever npm is
+            raise AssertionError(f"{AXE} is missing although npm is here; `make test` fetches axe-core")
+        pytest.skip("axe-core is not fetched (`make test` does it with npm)")
+    browser.get(server.url + "/")
+    assert accessibility_violations(browser) == []
+    browser.find_element(By.ID, "api-key").send_keys(KEY)
+    browser.find_element(By.ID, "file").send_keys(str(clip_path("en", "quick_brown_fox")))
+    browser.find_element(By.ID, "diarize").click()
+    browser.find_element(By.CSS_SELECTOR, "#upload button[type=submit]").click()
+    wait_for_file_result(browser, 60)
+    assert browser.find_elements(By.CSS_SELECTOR, "#blocks .block") and browser.find_elements(By.CSS_SELECTOR, ".word")
+    assert accessibility_violations(browser) == []
