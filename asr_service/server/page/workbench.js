@@ -60,7 +60,11 @@ async function* serverEvents(response) {
   }
 }
 
+let running = null; // the AbortController of the request in flight: a new one replaces it
+
 export async function transcribeFile(file) {
+  if (running) running.abort(); // the server cancels that decode when its client goes
+  const controller = running = new AbortController();
   $("file-result").hidden = true;
   $("progress").hidden = false;
   const progressText = document.createTextNode(""); // appended to, never rewritten: long files stay cheap
@@ -75,7 +79,8 @@ export async function transcribeFile(file) {
   const started = performance.now();
   setStatus("Uploading…");
   try {
-    const post = (words) => fetch("/v1/audio/transcriptions", { method: "POST", body: requestBody(file, words), headers: authHeaders() });
+    const post = (words) => fetch("/v1/audio/transcriptions", { method: "POST", body: requestBody(file, words),
+      headers: authHeaders(), signal: controller.signal });
     let response = await post(true);
     if (!response.ok) {
       const refusal = await response.json().catch(() => null);
@@ -103,7 +108,9 @@ export async function transcribeFile(file) {
     $("progress").hidden = true;
     setStatus("Done.");
   } catch (error) {
-    setStatus(`Error: ${error.message}`, true);
+    if (!controller.signal.aborted) setStatus(`Error: ${error.message}`, true);
+  } finally {
+    if (running === controller) running = null;
   }
 }
 
@@ -210,6 +217,7 @@ function showDownloads(result, name) {
 }
 
 function show(result, name, samples) {
+  result.duration = result.duration || 1e-3; // the time axis's width (audio with no samples has none)
   const speakers = [...new Set(result.segments.map((s) => s.speaker).filter(Boolean))];
   $("file-language-out").textContent = result.language || "not detected";
   $("file-language-probability").textContent = result.language_probability == null ? ""
