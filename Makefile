@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long bench-diarization speech-tools clean
+.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long bench-diarization bench-page speech-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,10 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench
+
+# The page's workbench on a 30-minute diarized file in headless Chromium: stalls and timings.
+bench-page: $(BENCH_STAMP) $(CHROMEDRIVER) speech-tools
+	$(BIN)/python -m bench.page_long_file
 
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick

@@ -157,7 +157,6 @@ function showTimeline(result, speakers) {
     b.style.left = `${(100 * s.start) / result.duration}%`;
     b.style.width = `${Math.max(0.4, (100 * (s.end - s.start)) / result.duration)}%`;
     b.style.setProperty("--lane", Math.max(0, speakers.indexOf(s.speaker)));
-    b.dataset.start = s.start;
     return b;
   }));
   $("legend").replaceChildren(...speakers.map((speaker) => {
@@ -249,7 +248,7 @@ function wordAt(t) {
     const mid = (low + high) >> 1;
     if (words[mid].start <= t) { found = mid; low = mid + 1; } else high = mid - 1;
   }
-  return found >= 0 && t <= Math.max(words[found].end + 0.3, 0) ? found : -1;
+  return found >= 0 && t <= words[found].end + 0.3 ? found : -1;
 }
 
 function follow() {
