@@ -100,6 +100,11 @@ class TranscriptionAdapter(ABC):
         forced prefix is there (0 when the prompt already holds it)."""
 
     @abstractmethod
+    def tokens_before_text(self, params: DecodeParams) -> int:
+        """How many generated tokens come before the text's own (a text token budget, such as
+        max_completion_tokens, does not count them)."""
+
+    @abstractmethod
     def decode_text(self, token_ids: list[int]) -> str:
         """Visible text of generated text tokens (special and timestamp tokens left out)."""
 

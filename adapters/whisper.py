@@ -238,6 +238,13 @@ class WhisperAdapter(TranscriptionAdapter):
     def forced_prefix_tokens(self, params: DecodeParams) -> int:
         return 0 if self._prefix_in_prompt(params) else 3
 
+    def tokens_before_text(self, params: DecodeParams) -> int:
+        # The fused prefix ends with the mode token (<|notimestamps|> or the opening timestamp);
+        # with the prefix in the prompt, a timed decode still generates its opening timestamp.
+        if not self._prefix_in_prompt(params):
+            return 3
+        return 1 if params.timestamp_begin is not None else 0
+
     def decode_text(self, token_ids: list[int]) -> str:
         return self.tok.decode(token_ids)
 

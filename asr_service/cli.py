@@ -49,7 +49,7 @@ def _add_option_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(option.flag, type=_checked(option), help=option.help)
     # Shorthands: --beam-size N is use_beam_search with n beams; --word-timestamps asks for words.
     p.add_argument("--beam-size", type=_checked(next(o for o in OPTIONS if o.name == "n")),
-                   help="beam search with this many beams (default: greedy)")
+                   help="beam search with this many beams, 1 for greedy (default: 5 with the embedded engine)")
     p.add_argument("--word-timestamps", action="store_true", help="words with start/end times (verbose_json)")
 
 
@@ -86,7 +86,8 @@ def _runtime_settings(args, model: str) -> RuntimeSettings:
 def _add_engine_args(add) -> None:
     """The engine's flags, through ``add`` (a parser's add_argument, or EnvironmentFlags.add)."""
     add("--threads", type=int, help="torch threads (default: all cores)")
-    add("--max-batch-size", type=int, default=16, help="sequences decoded together")
+    add("--max-batch-size", type=int, default=RuntimeSettings.max_batch_size,
+        help="sequences decoded together (each beam of a search is one)")
     add("--max-audio-windows", type=int, default=8,
         help="30 s windows decoded at once (each holds its cross-attention K/V: for whisper-base 18 MB in bf16, "
              "37 MB in float32); the beams of a search share one")
@@ -274,7 +275,8 @@ async def _transcribe_files(args, runtime) -> int:
     decoded_as = "diarized_json" if args.response_format == "rttm" else args.response_format  # RTTM: its turns
     values = _option_values(args)
     diarization = build_diarization(values, args.task, decoded_as)
-    options = build_options(values, runtime.adapter, args.task, decoded_as, diarized=diarization is not None)
+    options = build_options(values, runtime.adapter, args.task, decoded_as, diarized=diarization is not None,
+                            default_beam_size=runtime.default_beam_size)
     refusal = runtime.transcriber.refusal(options)
     if refusal is not None:
         raise OptionError(refusal.param or "engine", f"not supported by this engine: {refusal}")

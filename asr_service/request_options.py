@@ -107,8 +107,9 @@ OPTIONS: tuple[Option, ...] = (
                                       "with threshold, prefix_padding_ms, silence_duration_ms"),
     Option("detect_language_per_chunk", bool, "each 30 s chunk keeps the language it detected"),
     Option("condition_on_previous_text", bool, "condition each chunk on the text of the one before"),
-    Option("use_beam_search", bool, "beam search for the temperature-0 decode"),
-    Option("n", int, "beams with use_beam_search (default 5)", 1, 8),
+    Option("use_beam_search", bool, "beam search for the temperature-0 decode (default: on, except in a stream "
+                                    "and with the SGLang engine)"),
+    Option("n", int, "beams of a beam search (default 5)", 1, 8),
     Option("length_penalty", float, "beam ranking: ((5 + length) / 6) ** penalty (default: divide by length)",
            0.0, 10.0),
     Option("timestamp_granularities", list, "segment (any format) and/or word (verbose_json only)"),
@@ -172,9 +173,12 @@ def build_diarization(values: Mapping[str, object], task: str, response_format: 
 
 
 def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, task: str, response_format: str,
-                  stream: bool = False, detection: str = "fused", diarized: bool = False) -> TranscriptionOptions:
+                  stream: bool = False, detection: str = "fused", diarized: bool = False,
+                  default_beam_size: int = 1) -> TranscriptionOptions:
     """TranscriptionOptions from parsed ``values`` (option name -> typed value; absent or None:
-    not given). Raises OptionError for a bad value or a combination that cannot apply."""
+    not given). Raises OptionError for a bad value or a combination that cannot apply.
+    ``default_beam_size``: the beams of a request that does not set use_beam_search (the
+    runtime's: 1 where its engine cannot search); a stream that does not is greedy."""
     def given(name: str, default=None):
         value = values.get(name)
         return default if value is None else value
@@ -226,7 +230,11 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         raise OptionError("include", f"include[]=logprobs needs response_format 'json' or 'verbose_json', not "
                                      f"{response_format!r}", code="unsupported_value")
 
-    beams = given("n", 5) if given("use_beam_search", False) else 1  # faster-whisper's default beam size
+    searching = given("use_beam_search")
+    if searching is None:
+        beams = 1 if stream or default_beam_size == 1 else given("n", default_beam_size)
+    else:
+        beams = given("n", DEFAULT_BEAM_SIZE) if searching else 1
     fallback = given("temperature_fallback")
     if stream:
         _refuse_in_stream(beams, fallback, given("detect_language_per_chunk"))
@@ -236,10 +244,10 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         task=task,
         language=languages["language"],
         candidate_languages=languages["allowed_languages"],
-        # Only the timed formats decode with timestamps. Whisper's text is measurably better
-        # without them where windows cut speech (faster-whisper's decodes of the same windows
-        # agree), so json and text keep that; the timed formats get the seek (transcription.py).
-        timestamps=response_format in TIMED_FORMATS or diarized,
+        # Every format decodes with timestamps where the model has them (as faster-whisper does):
+        # one decode, so json and text hold exactly the words the subtitles do, and every format
+        # gets the seek past a window's last segment (transcription.py).
+        timestamps=adapter.supports_timestamps,
         previous_text=given("prompt"),
         hotwords=given("hotwords"),
         temperature=given("temperature", 0.0),
@@ -267,6 +275,9 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         length_penalty=given("length_penalty"),
         detection=detection,
     )
+
+
+DEFAULT_BEAM_SIZE = 5  # faster-whisper's and openai-whisper's command line's
 
 
 # OpenAI's server_vad fields: (low, high, the VadSettings field it sets, per unit of that field).

@@ -18,6 +18,7 @@ from .engine.batch_engine import BatchEngine
 from .engine.interface import Engine
 from .heap import map_large_blocks, return_freed_memory
 from .model_loading import DEFAULT_MODEL, LoadedModel, load_model
+from .request_options import DEFAULT_BEAM_SIZE
 from .speech_gate import SpeechGate
 from .transcription import Transcriber
 
@@ -40,7 +41,7 @@ class RuntimeSettings:
     device: str | None = None  # None: cuda when torch sees a GPU, else cpu
     quantize: str = "auto"  # see QUANTIZATIONS
     threads: int | None = None  # torch threads (None: all cores)
-    max_batch_size: int = 16  # sequences the embedded engine decodes together
+    max_batch_size: int = 40  # sequences the embedded engine decodes together (8 beam searches of 5)
     max_audio_windows: int = 8  # encoded windows whose cross-attention K/V it holds at once
     sglang_urls: tuple[str, ...] = ()
     sglang_retry_after_s: float = 2.0  # a failed SGLang server is left out this long (doubling)
@@ -53,6 +54,12 @@ class Runtime:
     adapter: WhisperAdapter
     engine: Engine
     transcriber: Transcriber
+
+    @property
+    def default_beam_size(self) -> int:
+        """Beams for a request that does not choose: faster-whisper's default search where the
+        engine can search (a stream, which cannot, is greedy; request_options.build_options)."""
+        return DEFAULT_BEAM_SIZE if self.engine.beam_search else 1
 
     def close(self) -> None:
         self.engine.shutdown()

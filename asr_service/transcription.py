@@ -355,8 +355,9 @@ class Transcriber:
                    "min_p": options.min_p, "repetition_penalty": options.repetition_penalty,
                    "frequency_penalty": options.frequency_penalty, "presence_penalty": options.presence_penalty}
         if options.max_new_tokens is not None:
-            # The budget is for text: the prefix a fused decode generates first is not counted.
-            budget = options.max_new_tokens + self.adapter.forced_prefix_tokens(params)
+            # The budget is for text: the prefix a fused decode generates first, and a timed
+            # decode's opening timestamp, are not counted.
+            budget = options.max_new_tokens + self.adapter.tokens_before_text(params)
             changes["max_new_tokens"] = min(params.max_new_tokens, budget)
         if options.word_timestamps:
             changes["alignment_heads"] = self.adapter.alignment_heads

@@ -39,3 +39,28 @@ def test_a_dead_end_leaves_nothing_to_return():
     masked = torch.full((1, 4), float("-inf"))
     assert group.select([Hypothesis([5], [-0.1])], masked) == []
     assert group.best([]) is None
+
+
+def test_continuations_stay_in_their_parents_rows_where_they_can():
+    """Beam i continuing beam i needs no K/V copy: the engine places each continuation in its
+    parent's row when that row is free, and the rest in the rows left."""
+    from asr_service.engine.batch_engine import _in_parent_slots
+
+    chosen = [(2, 10, -0.1), (0, 11, -0.2), (2, 12, -0.3), (1, 13, -0.4)]  # best first
+    placed = _in_parent_slots(chosen)
+    assert sorted(placed) == sorted(chosen)
+    assert [p for p, _, _ in placed][:3] == [0, 1, 2]  # parents 0, 1 and 2 keep their rows
+    assert placed[3] == (2, 12, -0.3)  # parent 2's second continuation takes the free row
+    assert [p for p, _, _ in _in_parent_slots([(4, 1, 0.0), (3, 2, 0.0)])] == [4, 3]  # past the kept rows: in order
+
+
+def test_in_the_forced_prefix_every_beam_takes_the_most_probable_token():
+    """A fused detection's language token is chosen as greedy decoding chooses it (the beams
+    stay one); the search begins with the text."""
+    group = BeamGroup(size=3, eot_id=EOT)
+    beams = [Hypothesis([], []) for _ in range(3)]
+    prefix = logprobs([0.2, 0.5, 0.3, 0.0], [0.2, 0.5, 0.3, 0.0], [0.2, 0.5, 0.3, 0.0])
+    assert group.select(beams, prefix, in_prefix=True) == [(i, 1, float(prefix[0, 1])) for i in range(3)]
+    assert not group.expanded and not group.finished
+    text = group.select([Hypothesis([1], [math.log(0.5)])] * 3, prefix)
+    assert sorted(t for _, t, _ in text) == [0, 1, 2]  # then beam 0 expands into three

@@ -8,6 +8,7 @@ import pytest
 
 from asr_service.cli import _build_parser, _server_settings, parse_args
 from asr_service.flag_environment import variable_for
+from asr_service.runtime import RuntimeSettings
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +26,7 @@ def test_variables_set_what_the_command_line_leaves_unset():
 
 
 def test_transcribe_reads_no_variables():
-    assert parse_args(["transcribe", "a.wav"], {"ASR_MAX_BATCH_SIZE": "4"}).max_batch_size == 16
+    assert parse_args(["transcribe", "a.wav"], {"ASR_MAX_BATCH_SIZE": "4"}).max_batch_size == RuntimeSettings.max_batch_size
 
 
 @pytest.mark.parametrize("variable, value, says", [

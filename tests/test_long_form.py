@@ -73,7 +73,7 @@ class _Recording:
     """The real engine, keeping each decode it is given (params and stream) for inspection."""
 
     def __init__(self, engine):
-        self.engine, self.name, self.warm_copies = engine, engine.name, engine.warm_copies
+        self.engine, self.name, self.warm_copies, self.beam_search = engine, engine.name, engine.warm_copies, engine.beam_search
         self.decodes = []
 
     def submit(self, audio, params):

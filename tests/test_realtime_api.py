@@ -133,10 +133,11 @@ async def test_vllm_protocol_streams_speech_and_text_arrives_while_it_plays(ws_u
 
 
 # Whisper base's own errors on the French pangram streamed as PCM16, against its reference "...
-# vieux whisky au juge blanc qui fume": 2 of 9 words in float32 ("Blanqui Fume"), 4 in bfloat16,
-# the default on CPUs with AVX512-BF16 or AMX ("vieau esquit" too; the clip is fragile: shifted by
-# 0.1 s, float32 writes "vioesquie"). The bound fails a stream that loses or garbles more.
-PANGRAMA_WER = 0.45
+# vieux whisky au juge blanc qui fume": 2 of 9 words in float32 ("Blanqui Fume"), 4 or 5 in
+# bfloat16, the default on CPUs with AVX512-BF16 or AMX ("vieau esquit" on one such CPU, "vieau
+# esqu'y", two words to the normaliser, on another; the clip is fragile: shifted by 0.1 s,
+# float32 writes "vioesquie"). The bound fails a stream that loses or garbles more.
+PANGRAMA_WER = 0.56
 
 
 async def test_vllm_protocol_short_clip_with_language_set(ws_url):

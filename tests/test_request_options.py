@@ -140,3 +140,21 @@ def test_the_servers_default_stream_format_applies_when_a_request_names_none(ada
 
     assert stream_format() == "chunk"
     assert stream_format(("stream_format", "openai")) == "openai"  # the request still chooses
+
+
+def test_a_request_that_does_not_choose_searches_five_beams_unless_it_streams(adapter):
+    """The default decode is faster-whisper's, a 5-beam search, where the runtime's engine can
+    search; a stream (which cannot take text back) and an engine without beam search decode
+    greedily; use_beam_search=false is greedy and n sets the beams. Every format decodes with
+    timestamps, so json holds the words the subtitles do."""
+    def beams(*fields, stream=False, default=5):
+        values = {"use_beam_search": None, "n": None} | dict(fields)
+        return build_options(values, adapter, "transcribe", "json", stream, default_beam_size=default).beam_size
+
+    assert beams() == 5 and beams(("n", 3)) == 3
+    assert beams(stream=True) == 1 and beams(default=1) == 1 and beams(("n", 3), default=1) == 1
+    assert beams(("use_beam_search", False)) == 1 and beams(("use_beam_search", True), default=1) == 5
+    with pytest.raises(OptionError) as refused:
+        beams(("use_beam_search", True), stream=True)
+    assert refused.value.param == "use_beam_search"
+    assert all(build_options({}, adapter, "transcribe", fmt).timestamps for fmt in ("json", "text", "srt"))

@@ -4,12 +4,14 @@ import json
 import os
 
 import httpx
+import jiwer
 import numpy as np
 import openai
 import pytest
 import soundfile as sf
 
-from support.clips import clip_path, load_clip
+from support.clips import clip_path, load_clip, reference
+from support.textnorm import normalize
 
 pytestmark = pytest.mark.server
 
@@ -80,11 +82,12 @@ def test_models_lists_the_served_name(client):
 def test_sdk_json_with_fused_detection_on_french(client):
     with open(clip_path("fr", "pangrama"), "rb") as f:
         result = client.audio.transcriptions.create(model="whisper-1", file=f)
-    # Whisper base on this clip in bf16 (the default on CPUs with AVX512-BF16 or AMX) writes
-    # "vieau esqui" for "vieux whisky", float32 "vieux whisky" (docs/performance.md); the rest is
-    # what both write.
-    words = result.text.split()
-    assert words[:2] == ["Portez", "ce"] and words[-4:] == ["au", "juge", "Blanqui", "Fume."], result.text
+    # Whisper base's own errors on this clip differ with the decode: greedy in bf16 writes "vieau
+    # esqui" for "vieux whisky" and "Blanqui Fume" for "blanc qui fume" (4 of 9 words); the
+    # default 5-beam search gets "vieux whisky" and misses 3 ("aux juges blancs"). A decode that
+    # loses or garbles more fails.
+    assert result.text.startswith("Portez ce ") and jiwer.wer(normalize(reference("fr", "pangrama")),
+                                                              normalize(result.text)) <= 0.45, result.text
 
 
 def test_sdk_beam_search_through_extra_body(client):
@@ -181,8 +184,9 @@ def test_sdk_stream_with_logprobs_carries_them_on_the_done_event(client):
                                                          include=["logprobs"]))
     done = [e for e in events if e.type == "transcript.text.done"]
     assert len(done) == 1 and done[0].logprobs and _spelled(done[0].logprobs).strip() == done[0].text
-    with open(clip_path("en", "quick_brown_fox"), "rb") as f:
-        whole = client.audio.transcriptions.create(model="whisper-1", file=f, include=["logprobs"])
+    with open(clip_path("en", "quick_brown_fox"), "rb") as f:  # decoded as the stream was: greedily
+        whole = client.audio.transcriptions.create(model="whisper-1", file=f, include=["logprobs"],
+                                                   extra_body={"use_beam_search": "false"})
     assert [(t.token, t.logprob) for t in done[0].logprobs] == [(t.token, t.logprob) for t in whole.logprobs]
 
 
@@ -207,7 +211,7 @@ def test_sdk_streaming_iterates_openai_events(client):
 def test_sdk_verbose_json_stream_ends_with_the_whole_result(client):
     """A verbose_json stream (this server's; the page reads it): deltas as the text decodes,
     then a done event that also carries verbose_json's language, segments and words, the same
-    as the same request without stream gives for this clean clip."""
+    as the same request without stream gives when it too is decoded greedily."""
     audio = wav_bytes(np.concatenate([load_clip("en", "quick_brown_fox"), np.zeros(16000, np.float32),
                                       load_clip("en", "counting")]))
     asked = dict(model="whisper-1", file=("two.wav", audio), response_format="verbose_json",
@@ -216,7 +220,7 @@ def test_sdk_verbose_json_stream_ends_with_the_whole_result(client):
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
     done = [e for e in events if e.type == "transcript.text.done"]
     assert len(done) == 1 and len(deltas) > 1 and "".join(deltas) == done[0].text
-    whole = client.audio.transcriptions.create(**asked)
+    whole = client.audio.transcriptions.create(**asked, extra_body={"use_beam_search": "false"})
     extra = done[0].model_extra
     assert done[0].text == whole.text and extra["language"] == whole.language == "en"
     assert extra["duration"] == whole.duration
@@ -334,8 +338,8 @@ def test_vllms_sampling_extras_apply(server):
     """repetition / frequency / presence penalties and min_p act as in vLLM (never ignored)."""
     audio = clip_path("en", "counting").read_bytes()  # "1-2-3-4-5-6-7-8-9-10.": one separator, nine times
 
-    def text(**fields) -> str:
-        r = post(server, fields, {"file": ("a.wav", audio, "audio/wav")})
+    def text(**fields) -> str:  # greedy, as vLLM decodes
+        r = post(server, {"use_beam_search": "false", **fields}, {"file": ("a.wav", audio, "audio/wav")})
         assert r.status_code == 200, r.text
         return r.json()["text"]
 

@@ -44,6 +44,7 @@ SELF_ATTENTION_BLOCK = 64  # positions (see _forward)
 class BatchEngine:
     name = "embedded"
     warm_copies = 1
+    beam_search = True
 
     # One encoder window per admission by default: on the CPU the encoder is compute-bound, so
     # stacking windows gains nothing and multiplies activation memory.
@@ -289,7 +290,8 @@ class BatchEngine:
         the slots to release."""
         slots = [i for i, s in enumerate(self._active) if s.group is group]
         beams = [self._active[i] for i in slots]
-        chosen = group.select([b.as_hypothesis() for b in beams], logprobs[slots].cpu())
+        in_prefix = beams[0].text_tokens() is None
+        chosen = _in_parent_slots(group.select([b.as_hypothesis() for b in beams], logprobs[slots].cpu(), in_prefix))
         if chosen:
             self._slots.copy_self_rows(slots[: len(chosen)], [slots[p] for p, _, _ in chosen],
                                        max(len(b.tokens) for b in beams))
@@ -366,6 +368,24 @@ def _record_probe(seq: DecodingSequence, logits: torch.Tensor) -> None:
     """The raw next-token probabilities of the params' probe ids (language, no-speech)."""
     probs = torch.softmax(logits, dim=-1)
     seq.stream.result.probe_probs = {t: float(probs[t]) for t in seq.params.probe_ids}
+
+
+def _in_parent_slots(chosen: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+    """The continuations ordered so that as many as can stay in their parent's slot (beam i
+    continues beam i), whose K/V then needs no copy; the beams of a group share their stream,
+    so their order means nothing else."""
+    placed: list[tuple[int, int, float] | None] = [None] * len(chosen)
+    moved = []
+    for continuation in chosen:
+        parent = continuation[0]
+        if parent < len(placed) and placed[parent] is None:
+            placed[parent] = continuation
+        else:
+            moved.append(continuation)
+    free = [i for i, c in enumerate(placed) if c is None]
+    for continuation, i in zip(moved, free):
+        placed[i] = continuation
+    return placed
 
 
 def _take_parents(beams: list[DecodingSequence], chosen: list[tuple[int, int, float]]) -> None:

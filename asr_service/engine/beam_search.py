@@ -34,9 +34,25 @@ class BeamGroup:
     expanded: bool = False  # until the first step all beams are the same: expand beam 0 only
     finish_reason: str = ""  # set when the group is done: what its last released beam reports
 
-    def select(self, beams: list[Hypothesis], logprobs: torch.Tensor) -> list[tuple[int, int, float]]:
+    def select(self, beams: list[Hypothesis], logprobs: torch.Tensor,
+               in_prefix: bool = False) -> list[tuple[int, int, float]]:
         """(parent beam, token, token log-probability) for each beam of the next step, best
-        first; continuations that end go to ``finished`` instead."""
+        first; continuations that end go to ``finished`` instead.
+
+        ``in_prefix``: the step is in the forced prefix before the text (a fused detection's
+        language and task tokens). There the beams, still identical, all take beam 0's most
+        probable token, so the language is the one a greedy decode (and the reported language
+        probabilities) would choose, not one picked for the text that follows it; the search
+        is over the text."""
+        if in_prefix:
+            token = int(logprobs[0].argmax())
+            lp = float(logprobs[0, token])
+            if lp == float("-inf"):
+                return []  # the constraint leaves no way on
+            if token == self.eot_id:
+                self.finished.append(Hypothesis(beams[0].tokens + [token], beams[0].logprobs + [lp]))
+                return []
+            return [(i, token, lp) for i in range(len(beams))]
         rows = logprobs if self.expanded else logprobs[:1]
         self.expanded = True
         scores = torch.tensor([b.score for b in beams[: rows.shape[0]]], dtype=rows.dtype)[:, None] + rows

@@ -43,6 +43,7 @@ class Engine(Protocol):
     name: str  # "embedded" or "sglang"
     # How many decodes warmup sends per grammar variant, so every server behind it compiles each.
     warm_copies: int
+    beam_search: bool  # whether it decodes params with beam_size above 1
 
     def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
         """Start decoding one sequence over one audio window (call from the event loop).

@@ -70,6 +70,7 @@ class GrammarMask:
 def apply_whisper_rules(rows: list[Row], logits: torch.Tensor) -> None:
     """Whisper's rules that a constraint cannot say, for each row whose text part has begun
     (the others are in the adapter's grammar: see adapters/whisper_grammar.py)."""
+    timed: dict[int, list[int]] = {}  # timestamp_begin -> the rows whose text is timed
     for i, row in enumerate(rows):
         text = row.text_tokens()
         if text is None:
@@ -78,12 +79,27 @@ def apply_whisper_rules(rows: list[Row], logits: torch.Tensor) -> None:
         if not text and params.blank_ids:
             logits[i, list(params.blank_ids)] = NEG_INF  # no blank first token
         if params.timestamp_begin is not None:
-            _timestamp_rules(logits[i], params.timestamp_begin, params.eot_id, text)
+            _timestamp_order(logits[i], params.timestamp_begin, params.eot_id, text)
+            timed.setdefault(params.timestamp_begin, []).append(i)
+    for ts_begin, indices in timed.items():
+        _force_likely_timestamps(logits, ts_begin, indices)
 
 
-def _timestamp_rules(logits: torch.Tensor, ts_begin: int, eot: int, seq: list[int]) -> None:
-    """Timestamps come in pairs and never go back, and a timestamp is forced when their summed
-    probability beats every text token."""
+def _force_likely_timestamps(logits: torch.Tensor, ts_begin: int, indices: list[int]) -> None:
+    """A timestamp is forced where the timestamps' summed probability beats every text token's:
+    one pass over all the rows (per row it was most of a timed step's logits time). Both sides
+    share the row's softmax normaliser, so the logits are compared without it; each row is
+    reduced on its own, so its result does not depend on the others."""
+    rows = torch.tensor(indices, device=logits.device)
+    timed = logits if len(indices) == logits.shape[0] else logits[rows]  # every row timed: no copy
+    timestamp_mass = torch.logsumexp(timed[:, ts_begin:], dim=-1)
+    forced = rows[timestamp_mass > timed[:, :ts_begin].max(dim=-1).values]
+    if forced.numel():
+        logits[forced, :ts_begin] = NEG_INF
+
+
+def _timestamp_order(logits: torch.Tensor, ts_begin: int, eot: int, seq: list[int]) -> None:
+    """Timestamps come in pairs and never go back."""
     last_ts = len(seq) >= 1 and seq[-1] >= ts_begin
     penultimate_ts = len(seq) < 2 or seq[-2] >= ts_begin
     if last_ts:
@@ -96,10 +112,6 @@ def _timestamp_rules(logits: torch.Tensor, ts_begin: int, eot: int, seq: list[in
         # Never go back in time; a segment may not have zero length unless it closes a pair.
         floor = timestamps[-1] if (last_ts and not penultimate_ts) else timestamps[-1] + 1
         logits[ts_begin:floor] = NEG_INF
-    logprobs = torch.log_softmax(logits, dim=-1)
-    timestamp_logprob = torch.logsumexp(logprobs[ts_begin:], dim=-1)
-    if timestamp_logprob > logprobs[:ts_begin].max():
-        logits[:ts_begin] = NEG_INF
 
 
 def choose_tokens(rows: list[Row], logits: torch.Tensor) -> list[int]:

@@ -85,7 +85,8 @@ def model_named(form: FormData) -> str | None:
 
 
 def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task: str,
-                             detection: str = "fused", default_stream_format: str = "openai") -> TranscriptionRequest:
+                             detection: str = "fused", default_stream_format: str = "openai",
+                             default_beam_size: int = 1) -> TranscriptionRequest:
     file = form.get("file")
     if not isinstance(file, UploadFile):
         raise _bad("file", "A 'file' field with the audio is required (multipart/form-data).",
@@ -119,7 +120,7 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
             raise OptionError("stream_format", "stream_format=chunk has no place for speakers; a diarized stream "
                                                "is OpenAI's (stream_format=openai)", code="unsupported_value")
         options = build_options(values, adapter, task, response_format, stream, detection,
-                                diarized=diarization is not None)
+                                diarized=diarization is not None, default_beam_size=default_beam_size)
         if options.token_logprobs and stream and stream_format == "chunk":
             raise OptionError("include", "include[]=logprobs streams in OpenAI's events (the done event carries "
                                          "them); stream_format=chunk has no place for them", code="unsupported_value")

@@ -114,7 +114,7 @@ async def _parse_request(form: FormData, lease: Lease, state: ServerState,
     """The form's fields checked against the leased model, and the upload's bytes."""
     limit = state.settings.limits.max_bytes
     req = parse_transcription_form(form, lease.runtime.adapter, task, state.settings.detection,
-                                   state.settings.default_stream_format)
+                                   state.settings.default_stream_format, lease.runtime.default_beam_size)
     if req.file.size is not None and req.file.size > limit:
         raise OpenAIError(413, f"Upload of {req.file.size} bytes exceeds the limit of {limit} bytes",
                           param="file", code="file_too_large")
