@@ -235,6 +235,10 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         beams = 1 if stream or default_beam_size == 1 else given("n", default_beam_size)
     else:
         beams = given("n", DEFAULT_BEAM_SIZE) if searching else 1
+    if beams == 1 and given("n", 1) > 1:
+        raise OptionError("n", "n sets the beams of a beam search, and this request decodes greedily (a stream, "
+                               "use_beam_search=false, or an engine without beam search); use n with "
+                               "use_beam_search=true", code="unsupported_value")
     fallback = given("temperature_fallback")
     if stream:
         _refuse_in_stream(beams, fallback, given("detect_language_per_chunk"))

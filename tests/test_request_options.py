@@ -152,9 +152,12 @@ def test_a_request_that_does_not_choose_searches_five_beams_unless_it_streams(ad
         return build_options(values, adapter, "transcribe", "json", stream, default_beam_size=default).beam_size
 
     assert beams() == 5 and beams(("n", 3)) == 3
-    assert beams(stream=True) == 1 and beams(default=1) == 1 and beams(("n", 3), default=1) == 1
+    assert beams(stream=True) == 1 and beams(default=1) == 1 and beams(("n", 1), stream=True) == 1
     assert beams(("use_beam_search", False)) == 1 and beams(("use_beam_search", True), default=1) == 5
-    with pytest.raises(OptionError) as refused:
-        beams(("use_beam_search", True), stream=True)
-    assert refused.value.param == "use_beam_search"
+    for fields, stream, default, param in [((("use_beam_search", True),), True, 5, "use_beam_search"),
+                                           ((("n", 3),), True, 5, "n"), ((("n", 3),), False, 1, "n"),
+                                           ((("n", 3), ("use_beam_search", False)), False, 5, "n")]:
+        with pytest.raises(OptionError) as refused:  # what cannot apply is refused, not ignored
+            beams(*fields, stream=stream, default=default)
+        assert refused.value.param == param
     assert all(build_options({}, adapter, "transcribe", fmt).timestamps for fmt in ("json", "text", "srt"))
