@@ -74,14 +74,14 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) speech-tools
 	$(BIN)/python -m bench
 
 # The page's workbench on a 30-minute diarized file in headless Chromium: stalls and timings.
 bench-page: $(BENCH_STAMP) $(CHROMEDRIVER) speech-tools
 	$(BIN)/python -m bench.page_long_file
 
-bench-quick: $(BENCH_STAMP)
+bench-quick: $(BENCH_STAMP) speech-tools
 	$(BIN)/python -m bench --quick
 
 # The long-form workload (support/dialogue.py) is synthesized with Debian's Festival voices and

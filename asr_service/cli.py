@@ -306,8 +306,9 @@ async def _transcribe_files(args, runtime) -> int:
         decoded = []  # the windows done; the silence between them is skipped, not decoded
 
         def chunk_done(chunk) -> None:
-            decoded.append(chunk.duration)
-            progress.advance(chunk.duration)
+            spanned = chunk.end - chunk.start  # a window that leaves out silence spans more than it holds
+            decoded.append(spanned)
+            progress.advance(spanned)
 
         on_chunk_done = chunk_done if progress else None
         if diarization is None:

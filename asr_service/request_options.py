@@ -287,13 +287,14 @@ DEFAULT_BEAM_SIZE = 5  # faster-whisper's and openai-whisper's command line's
 # OpenAI's server_vad fields: (low, high, the VadSettings field it sets, per unit of that field).
 SERVER_VAD_FIELDS = {"threshold": (0.0, 1.0, "threshold", 1),
                      "prefix_padding_ms": (0, 5000, "pad_s", 1000),
-                     "silence_duration_ms": (0, 10000, "window_pause_s", 1000)}
+                     "silence_duration_ms": (0, 10000, "long_pause_s", 1000)}
 
 
 def _vad_settings(strategy: str | dict | None, vad_filter: bool) -> VadSettings:
     """OpenAI's ``chunking_strategy`` as this server's windows: "auto" (or none) is the default;
     a ``server_vad`` object sets the VAD threshold, the padding around speech
-    (``prefix_padding_ms``) and the pause that ends a window (``silence_duration_ms``)."""
+    (``prefix_padding_ms``) and the pause from which on silence is left out of the windows
+    (``silence_duration_ms``)."""
     if strategy is None:
         return VadSettings()
     if not vad_filter:

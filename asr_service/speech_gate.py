@@ -36,23 +36,21 @@ WARM_UP_FRAMES = 125  # ~4 s heard by each stream before its own frames
 
 @dataclass(frozen=True)
 class VadSettings:
-    """How long audio is cut at pauses (a request's ``chunking_strategy``): speech scores at
-    least ``threshold``; a pause of ``window_pause_s`` or more ends a window; regions of speech
-    are padded by ``pad_s`` on each side."""
+    """How long audio is cut into windows (a request's ``chunking_strategy``; chunking.speech_windows):
+    speech scores at least ``threshold``; regions of speech are padded by ``pad_s`` on each
+    side; a pause of ``long_pause_s`` or more is shortened to ``kept_pause_s`` (at least the
+    padding on either side of it), a shorter one stays as it is; windows end only where the
+    next stretch of speech would not fit."""
 
     threshold: float = 0.5
-    window_pause_s: float = 1.8
+    long_pause_s: float = 1.8
     pad_s: float = 0.4
+    kept_pause_s: float = 1.2
 
     @property
     def min_silence_s(self) -> float:
         """Pauses shorter than this stay inside a region of speech."""
-        return min(0.5, self.window_pause_s)
-
-    @property
-    def padded_gap_s(self) -> float:
-        """The window-ending pause as seen between padded regions."""
-        return max(0.0, self.window_pause_s - 2 * self.pad_s)
+        return min(0.5, self.long_pause_s)
 
 
 class SpeechGate:

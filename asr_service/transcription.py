@@ -26,7 +26,7 @@ import numpy as np
 from adapters.base import ParsedOutput, TranscriptionAdapter
 
 from . import two_stage
-from .chunking import AudioChunk, pad_regions, speech_windows, split_audio
+from .chunking import AudioChunk, speech_windows, split_audio
 from .engine.features import HOP_LENGTH
 from .engine.interface import Engine
 from .engine.params import DecodeParams, SequenceResult, UnsupportedDecode, raise_if_failed
@@ -321,8 +321,8 @@ class Transcriber:
     async def plan(self, audio: np.ndarray, options: TranscriptionOptions) -> WindowPlan:
         """The windows to decode. With the speech gate on, the silence before the first speech
         is skipped (nothing to invent there), and audio longer than one window is cut where the
-        VAD hears speech pause, skipping the silence between windows. With the gate off: fixed
-        windows cut at quiet points."""
+        VAD hears speech pause, long pauses left out (chunking.speech_windows). With the gate
+        off: fixed windows cut at quiet points."""
         cfg = self.adapter.config
         rate = cfg.sample_rate
         if not cfg.chunking:
@@ -338,8 +338,13 @@ class Transcriber:
             start = max(0, onset - pad)
             return WindowPlan([AudioChunk(start, audio[start:], rate)], [(onset, audio.shape[0])])
         speech = await self._gate_work(self.gate.speech_regions, audio, vad.min_silence_s, vad.threshold)
-        regions = pad_regions(speech, pad, audio.shape[0])
-        return WindowPlan(speech_windows(audio, regions, rate, cfg.max_clip_seconds, vad.padded_gap_s), speech)
+        # Windows join speech across long pauses only where the seek decodes again what a
+        # window's decode leaves out (it needs timestamps), and not for code-switching audio
+        # (each window detects its own language: the one its decode opens with).
+        joins = options.timestamps and not options.detect_language_per_chunk
+        windows = speech_windows(audio, speech, rate, cfg.max_clip_seconds, vad.pad_s, vad.long_pause_s,
+                                 vad.kept_pause_s, join_long_pauses=joins)
+        return WindowPlan(windows, speech)
 
     def params_for(self, options: TranscriptionOptions, language: str | None = None,
                    previous_text: str | None = None) -> DecodeParams:
@@ -389,12 +394,17 @@ class Transcriber:
         ended: the rest is decoded again from where the text stopped, in the window's language.
         Continuations decode after the piece before them; a stream shows their text after the
         text already shown."""
-        outcome = WindowOutcome(window, [await self._decode_chunk(window, options, previous_text, report)])
+        splits = report is None  # a stream's text is shown as decoded: never taken back
+        head = await self._decode_chunk(window, options, previous_text, report, splits)
+        if splits and self._repeats_across_stretches(head, options):
+            return await self._decode_stretches(window, head, options, previous_text)
+        outcome = WindowOutcome(window, [head])
         while len(outcome.pieces) <= MAX_CONTINUATIONS:
+            last = outcome.pieces[-1].chunk
             resume = await self._resume_point(outcome.pieces[-1], options)
             if resume is None:
                 break
-            rest = AudioChunk(resume, window.samples[resume - window.start_sample :], window.sample_rate)
+            rest = last.tail(resume)
             language = options.language or outcome.head.parsed.language
             shown, joiner = self._window_text(outcome, options), self.adapter.joiner(language)
             follow = None if report is None else report.continued(shown, joiner)
@@ -408,9 +418,32 @@ class Transcriber:
                                                            follow))
         return outcome
 
+    @staticmethod
+    def _repeats_across_stretches(piece: ChunkOutcome, options: TranscriptionOptions) -> bool:
+        """A full response's first decode of a window that joins stretches of the audio, whose
+        text compresses like a repetition loop. Several stretches of speech may well say the same
+        thing (a phrase said again after a pause, a drill, a chorus), which no temperature
+        fallback can tell from a loop: such a window is decoded again stretch by stretch
+        (_decode_stretches), and a stretch that still repeats itself goes to the fallback."""
+        ratio = options.thresholds.compression_ratio
+        return (bool(piece.chunk.joins) and piece.params is not None and piece.figures.temperature == 0
+                and ratio is not None and piece.figures.compression_ratio > ratio)
+
+    async def _decode_stretches(self, window: AudioChunk, first: ChunkOutcome, options: TranscriptionOptions,
+                                previous_text: str | None) -> WindowOutcome:
+        """The window decoded as its contiguous stretches, each a window of its own (with its
+        seek and fallback), their pieces in time order. Each apart, not in smaller groups: two
+        identical sentences a pause apart in one window are as likely to come out once as
+        several are. The window's language detection stays its whole decode's."""
+        parts = await asyncio.gather(*(self._decode_window(part, options, previous_text, None)
+                                       for part in window.stretches()))
+        pieces = [piece for part in parts for piece in part.pieces]
+        pieces[0].language_probs = first.language_probs
+        return WindowOutcome(window, pieces)
+
     async def _resume_point(self, piece: ChunkOutcome, options: TranscriptionOptions) -> int | None:
-        """Where speech in the piece's audio goes on past its text (a sample index in the
-        request's audio), or None. Two signs: the decode ended on an opening timestamp (the
+        """Where speech in the piece's audio goes on past its text (samples into the piece),
+        or None. Two signs: the decode ended on an opening timestamp (the
         model's own sign), or the VAD hears speech after the last segment's end. Both need
         timestamps: without them nothing says where the text stopped."""
         parsed, chunk = piece.parsed, piece.chunk
@@ -425,7 +458,7 @@ class Transcriber:
             resume = await self._uncovered_speech(chunk, parsed.segments[-1].end if parsed.segments else 0.0, options)
         if resume is None or resume < SEEK_MIN_PROGRESS_S or chunk.duration - resume < SEEK_MIN_REST_S:
             return None
-        return chunk.start_sample + round(resume * chunk.sample_rate)
+        return round(resume * chunk.sample_rate)
 
     async def _uncovered_speech(self, chunk: AudioChunk, covered: float, options: TranscriptionOptions) -> float | None:
         """Where (seconds into ``chunk``) a continuation should start, when the VAD hears at
@@ -444,9 +477,10 @@ class Transcriber:
         return max(covered, (offset + regions[0][0]) / rate - SEEK_LEAD_S)
 
     async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
-                            report: ChunkReporter | None) -> ChunkOutcome:
+                            report: ChunkReporter | None, splits: bool = False) -> ChunkOutcome:
         """The chunk's kept decode. With ``report`` its text is shown as it grows, so it is
-        never replaced: no temperature fallback."""
+        never replaced: no temperature fallback. With ``splits``, a decode that repeats across
+        the chunk's stretches is returned as it is (the caller decodes the stretches apart)."""
         if not await self._hears_speech(chunk, options):
             return self._no_speech_outcome(chunk)
         language = options.language
@@ -455,7 +489,8 @@ class Transcriber:
                                                        options.candidate_languages)
         first = await self._decode(chunk, self.params_for(options, language, previous_text), options, report)
         if (report is not None or options.temperature > 0 or not options.fallback_temperatures
-                or not needs_fallback(first.figures, options.thresholds)):
+                or not needs_fallback(first.figures, options.thresholds)
+                or (splits and self._repeats_across_stretches(first, options))):
             return first
         return await self._fallback(chunk, first, options, language or first.parsed.language, previous_text)
 
@@ -648,8 +683,8 @@ class Transcriber:
                 continue  # no speech: no invented text
             for s in parsed.segments:
                 # Whisper may time an end inside the window's zero padding: the audio ends earlier.
-                end = min(chunk.start + s.end, chunk.end) if s.end is not None else chunk.end
-                start = min(chunk.start + (s.start or 0.0), end)
+                end = chunk.source_seconds(min(s.end, chunk.duration), closing=True) if s.end is not None else chunk.end
+                start = min(chunk.source_seconds(s.start or 0.0), end)
                 segments.append(Segment(
                     id=len(segments), seek=chunk.start_sample // HOP_LENGTH, start=round(start, 3),
                     end=round(max(end, start), 3), text=s.text, tokens=s.token_ids,
@@ -662,8 +697,9 @@ class Transcriber:
             if options.token_logprobs:
                 logprobs += self._token_logprobs(outcome)
             if options.word_timestamps:
-                words += [replace(w, start=round(w.start + chunk.start, 2), end=round(w.end + chunk.start, 2))
-                          for w in self._words(outcome)]
+                for w in self._words(outcome):
+                    start, end = chunk.source_span(w.start, w.end)
+                    words.append(replace(w, start=round(start, 2), end=round(end, 2)))
 
         if words and speech:
             rate = self.adapter.config.sample_rate

@@ -119,17 +119,21 @@ def word_times(words: list[tuple[str, int]], token_logprobs: list[float], attent
 # How far a word's start may move back to where the VAD hears speech start: more, and the word
 # is likely not the one that opens the speech (DTW lost its place), so it is left alone.
 MAX_ONSET_SHIFT_S = 1.0
+# How much earlier than where the VAD hears its speech start an opening word may start.
+EARLY_ONSET_S = 0.4
 
 
 def snap_to_speech_onsets(words: list[Word], speech: list[tuple[float, float]]) -> list[Word]:
     """A word that opens a stretch of speech (``speech``: sorted (start, end) seconds as the
     VAD hears it, no padding) cannot start after the speech does: DTW often starts the first
     word after a pause a few hundred milliseconds late, and such a start moves back to the
-    onset. Never forward: the VAD hears voicing, so it tends to hear a word begin late itself
-    (a fricative or a stop before the vowel). A word reaching into a stretch from an earlier
-    word's speech is not an opening word and stays."""
+    onset. Forward only as far as EARLY_ONSET_S before the onset: the VAD hears voicing, so it
+    tends to hear a word begin late itself (a fricative or a stop before the vowel), but DTW
+    also stretches an opening word back over a second or more of the pause before it. A word
+    reaching into a stretch from an earlier word's speech is not an opening word and stays."""
     out = list(words)
     k = 0
+    previous_end = 0.0  # where the speech before this stretch ended
     for start, end in speech:
         while k < len(out) and out[k].end <= start:
             k += 1
@@ -139,4 +143,7 @@ def snap_to_speech_onsets(words: list[Word], speech: list[tuple[float, float]]) 
         opens = k == 0 or out[k - 1].end <= start
         if opens and start < word.start < min(end, start + MAX_ONSET_SHIFT_S):
             out[k] = replace(word, start=round(start, 2))
+        elif opens and previous_end <= word.start < start - EARLY_ONSET_S:
+            out[k] = replace(word, start=round(start - EARLY_ONSET_S, 2))
+        previous_end = end
     return out

@@ -1,7 +1,7 @@
 """Side-by-side speed and quality: this service against faster-whisper and HF, one run, same weights.
 
-    python -m bench            # full: 27 clips, 1/4/8/16 clients, 4 min long file, all systems
-    python -m bench --quick    # about 5 minutes: 12 clips, 1 and 8 clients, 1 min long file
+    python -m bench            # full: 27 clips, 1/4/8/16 clients, a 3 min conversation, all systems
+    python -m bench --quick    # about 5 minutes: 12 clips, 1 and 8 clients, its first minute
 
 Writes bench/results/<date>.json, .md and .png (throughput against concurrency).
 """

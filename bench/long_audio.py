@@ -1,9 +1,9 @@
 """Long audio, scored against its truth: every system, every response format, one run.
 
-    python -m bench.long_audio [--files clean noisy monologue] [--quantize bf16|int8] [--out bench/results/long-audio-DATE.json]
+    python -m bench.long_audio [--files clean noisy monologue slow] [--quantize bf16|int8] [--out bench/results/long-audio-DATE.json]
 
-The workloads are support/dialogue.py's conversation, clean and noisy, and its monologue (made
-on the spot). Systems: this service over HTTP in json, verbose_json (with word times), srt
+The workloads are support/dialogue.py's conversation, clean and noisy, its monologue and its
+slow conversation (made on the spot). Systems: this service over HTTP in json, verbose_json (with word times), srt
 and vtt with its defaults (a 5-beam search), and greedy (``use_beam_search=false``) in json
 and verbose_json; faster-whisper on the same packaged model.bin with its defaults, with ``vad_filter=True``, and its BatchedInferencePipeline.
 Figures per system and format: support/transcript_score.py's (WER after Whisper's own English
@@ -77,7 +77,7 @@ def faster_whisper_rows(path: Path, truth: list[Utterance], threads: int) -> dic
     return rows
 
 
-FILES = ("clean", "noisy", "monologue")
+FILES = ("clean", "noisy", "monologue", "slow")
 
 
 def main() -> None:
@@ -87,8 +87,9 @@ def main() -> None:
     parser.add_argument("--quantize", choices=QUANTIZATIONS, help="the service's --quantize (rows say so)")
     parser.add_argument("--out", type=Path, default=Path(f"bench/results/long-audio-{datetime.date.today()}.json"))
     args = parser.parse_args()
-    paths = write(Path(tempfile.mkdtemp(prefix="long-audio-")), monologue=True)
-    truths = {name: read_truth(paths["monologue_truth" if name == "monologue" else "truth"]) for name in args.files}
+    paths = write(Path(tempfile.mkdtemp(prefix="long-audio-")), monologue=True, slow=True)
+    truths = {name: read_truth(paths[f"{name}_truth" if name in ("monologue", "slow") else "truth"])
+              for name in args.files}
     report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "threads": args.threads,
               "files": {name: {"seconds": round(sf.info(paths[name]).duration, 1), "utterances": len(truth),
                                "across_30s_marks": crossings(truth)} for name, truth in truths.items()},

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from support import dialogue
 from support.clips import all_clips, load_clip, reference
 
 
@@ -44,18 +45,17 @@ def wav_bytes(audio: np.ndarray) -> bytes:
 def build_workloads(quick: bool, tmp: Path) -> dict[str, list[Request]]:
     clips = [c for c in all_clips() if not quick or c[0] in ("en", "es", "fr", "zh")]
     short = [Request(f"{lang}/{name}", lang, reference(lang, name), load_clip(lang, name)) for lang, name in clips]
-    # A long file of real English speech with silences between sentences. The counting clip is
-    # left out: the model writes it as "12345678910" or "1, 2, 3", and a normaliser cannot
-    # score that difference fairly over minutes of audio.
-    english = [r for r in short if r.language == "en" and not r.name.endswith("counting")]
-    target = 60 if quick else 240
-    pieces, refs, t = [], [], 0.0
-    while t < target:
-        for r in english:
-            pieces += [r.audio, np.zeros(int(1.5 * 16000), np.float32)]
-            refs.append(r.reference)
-            t += r.seconds + 1.5
-    long = [Request("long-en", "en", " ".join(refs), np.concatenate(pieces))]
+    # A long file of real structure: support/dialogue.py's four-voice conversation (a 15 s
+    # lead-in, pauses of 0.3-1.6 s and one of 8 s; 181 s, cut after the last utterance that ends
+    # within the first minute for --quick). The clips looped into a long file were the first
+    # choice, but the package has only two English sentences (and a count): a file that repeats
+    # them sixty times is text few recordings have, and Whisper's repetition test (the
+    # compression ratio) takes a true decode of it for a loop, in faster-whisper as here.
+    audio, truth = dialogue.build()
+    if quick:
+        truth = [u for u in truth if u.end <= 60.0]
+        audio = audio[: int((truth[-1].end + 0.5) * 16000)]
+    long = [Request("long-en", "en", " ".join(u.text for u in truth), audio)]
     workloads = {"short": short, "long": long}
     for reqs in workloads.values():
         for i, r in enumerate(reqs):

@@ -5,7 +5,8 @@ Several minutes of a four-voice conversation made with Debian's speech synthesiz
 15 s silence before the first word, pauses of 0.3 to 1.6 s between turns, one 8 s silence, and
 turns long enough that speech runs across 30 s marks. A second copy has background noise. A
 monologue reads the same script in one voice with breaths of 0.1-0.3 s only, so windows must be
-cut inside speech.
+cut inside speech. A slow conversation has the four voices pause 1.5-4 s between turns, so
+windows hold many stretches of speech with the silence between them left out.
 The truth keeps every utterance's text, speaker, start and end (seconds, to the sample).
 
 Needs ``festival``, ``festvox-us-slt-hts``, ``festvox-kallpc16k``, ``festvox-kdlpc16k`` and
@@ -107,6 +108,13 @@ def build_monologue(seed: int = 2) -> tuple[np.ndarray, list[Utterance]]:
     return _join([("D", text) for _, text in SCRIPT], [float(rng.uniform(0.1, 0.3)) for _ in SCRIPT], 0.5)
 
 
+def build_slow(seed: int = 5) -> tuple[np.ndarray, list[Utterance]]:
+    """The conversation with pauses of 1.5-4 s between turns and a 3 s lead-in: each pause is
+    long enough that a window leaves it out (chunking.speech_windows)."""
+    rng = np.random.default_rng(seed)
+    return _join(SCRIPT, [float(rng.uniform(1.5, 4.0)) for _ in SCRIPT], 3.0)
+
+
 def _join(turns: list[tuple[str, str]], pauses: list[float], lead_in: float) -> tuple[np.ndarray, list[Utterance]]:
     pieces = [np.zeros(int(lead_in * SAMPLE_RATE), dtype=np.float32)]
     position = pieces[0].shape[0]
@@ -133,9 +141,10 @@ def crossings(truth: list[Utterance], window: float = 30.0) -> int:
     return sum(int(u.start // window) != int(u.end // window) for u in truth)
 
 
-def write(directory: Path, monologue: bool = False) -> dict[str, Path]:
+def write(directory: Path, monologue: bool = False, slow: bool = False) -> dict[str, Path]:
     """clean.wav, noisy.wav and truth.json in ``directory`` (with ``monologue``, also
-    monologue.wav and monologue.json); returns their paths."""
+    monologue.wav and monologue.json; with ``slow``, slow.wav and slow.json); returns their
+    paths."""
     import soundfile as sf
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -149,6 +158,11 @@ def write(directory: Path, monologue: bool = False) -> dict[str, Path]:
         paths.update(monologue=directory / "monologue.wav", monologue_truth=directory / "monologue.json")
         sf.write(paths["monologue"], audio, SAMPLE_RATE, subtype="PCM_16")
         _write_truth(paths["monologue_truth"], audio, truth)
+    if slow:
+        audio, truth = build_slow()
+        paths.update(slow=directory / "slow.wav", slow_truth=directory / "slow.json")
+        sf.write(paths["slow"], audio, SAMPLE_RATE, subtype="PCM_16")
+        _write_truth(paths["slow_truth"], audio, truth)
     return paths
 
 
@@ -162,7 +176,7 @@ def read_truth(path: Path) -> list[Utterance]:
 
 
 if __name__ == "__main__":
-    made = write(Path(tempfile.gettempdir()) / "asr-dialogue", monologue=True)  # wav files: not for bench/results
+    made = write(Path(tempfile.gettempdir()) / "asr-dialogue", monologue=True, slow=True)  # wav files: not for bench/results
     print(f"written to {made['clean'].parent}")
     truth = json.loads(made["truth"].read_text())
     utterances = [Utterance(**u) for u in truth["utterances"]]

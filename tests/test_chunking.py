@@ -44,8 +44,16 @@ def test_cut_at_a_quiet_spot_inside_the_last_second():
     assert all(c.duration <= 30.0 for c in chunks)
 
 
-def _spans(windows):
-    return [(w.start_sample / SR, (w.start_sample + w.samples.shape[0]) / SR) for w in windows]
+def _stretches(window):
+    """The audio's (start, end) seconds that the window holds, in order."""
+    starts = [(0, window.start_sample)] + list(window.joins)
+    ends = [o for o, _ in window.joins] + [window.samples.shape[0]]
+    return [(source / SR, (source + end - offset) / SR) for (offset, source), end in zip(starts, ends)]
+
+
+def _holds_its_stretches(window, audio):
+    pieces = [audio[round(a * SR) : round(b * SR)] for a, b in _stretches(window)]
+    return np.array_equal(window.samples, np.concatenate(pieces))
 
 
 def test_speech_windows_pack_regions_and_skip_the_silence_between():
@@ -53,28 +61,104 @@ def test_speech_windows_pack_regions_and_skip_the_silence_between():
     s = lambda a, b: (int(a * SR), int(b * SR))  # noqa: E731 - seconds to samples
     # Turns with short pauses, a long silence, then more turns.
     regions = [s(15, 20), s(20.5, 27), s(27.6, 40), s(40.5, 46), s(60, 65), s(65.4, 70)]
-    windows = speech_windows(audio, regions)
-    assert _spans(windows) == [(15, 40), (40.5, 46), (60, 70)]  # each <= 30 s, cut between turns
-    assert all(np.array_equal(w.samples, audio[w.start_sample : w.start_sample + w.samples.shape[0]]) for w in windows)
+    windows = speech_windows(audio, regions, pad_seconds=0, kept_pause_seconds=0)
+    # Each window holds at most 30 s and is cut between turns; the 14 s silence is left out
+    # and the turns after it share the second window.
+    assert [_stretches(w) for w in windows] == [[(15, 40)], [(40.5, 46), (60, 70)]]
+    assert all(_holds_its_stretches(w, audio) for w in windows)
+    assert windows[1].duration == 15.5 and windows[1].start == 40.5 and windows[1].end == 70
 
 
-def test_a_long_pause_ends_a_window_even_when_more_would_fit():
+def test_a_long_pause_is_left_out_and_the_speech_around_it_shares_a_window():
     regions = [(0, 5 * SR), (int(6.5 * SR), 10 * SR), (12 * SR, 15 * SR)]
-    assert _spans(speech_windows(noise(20), regions)) == [(0, 5), (6.5, 10), (12, 15)]
-    assert _spans(speech_windows(noise(20), regions, max_gap_seconds=3.0)) == [(0, 15)]
+    audio = noise(20)
+    [window] = speech_windows(audio, regions, pad_seconds=0, kept_pause_seconds=0)
+    assert _stretches(window) == [(0, 10), (12, 15)] and window.duration == 13  # 1.5 s kept, 2 s left out
+    assert _holds_its_stretches(window, audio)
+    [kept] = speech_windows(audio, regions, pad_seconds=0, long_pause_seconds=3.0)  # pauses under 3 s stay
+    assert _stretches(kept) == [(0, 15)]
+    [cut] = speech_windows(audio, regions, pad_seconds=0, long_pause_seconds=1.0, kept_pause_seconds=0)
+    assert _stretches(cut) == [(0, 5), (6.5, 10), (12, 15)] and cut.duration == 11.5
+    # Not joined across long pauses (per-window language detection): a long pause ends a window.
+    apart = speech_windows(audio, regions, pad_seconds=0, join_long_pauses=False)
+    assert [_stretches(w) for w in apart] == [[(0, 10)], [(12, 15)]]
+
+
+def test_a_long_pause_keeps_its_kept_length_around_the_join():
+    # Padded by 0.4 s, a long pause keeps 1.2 s: 0.6 s after the speech before the join (its
+    # padding and 0.2 s more) and 0.6 s before the speech after it.
+    audio = noise(40)
+    [window] = speech_windows(audio, [(2 * SR, 5 * SR), (20 * SR, 24 * SR)])
+    assert _stretches(window) == [(1.6, 5.6), (19.4, 24.4)] and window.duration == 9
+    assert window.join_margin == round(0.6 * SR) and _holds_its_stretches(window, audio)
+    assert window.source_seconds(3.5) == 19.4 and window.source_seconds(4.5, closing=True) == 5.6
+
+
+def test_a_window_maps_its_own_time_back_to_the_audio():
+    audio = noise(40)
+    [window] = speech_windows(audio, [(2 * SR, 5 * SR), (20 * SR, 24 * SR), (30 * SR, 31 * SR)], pad_seconds=0,
+                              kept_pause_seconds=0)
+    assert window.duration == 8 and (window.start, window.end) == (2, 31)
+    assert window.source_seconds(0.0) == 2 and window.source_seconds(1.5) == 3.5
+    # At a join a start is the next stretch's first sample, an end the last stretch's end.
+    assert window.source_seconds(3.0) == 20 and window.source_seconds(3.0, closing=True) == 5
+    assert window.source_seconds(6.25) == 23.25 and window.source_seconds(7.5) == 30.5
+    assert window.source_seconds(8.0, closing=True) == 31
+    # The rest of a window (the seek decodes it again) keeps the map.
+    rest = window.tail(int(4.5 * SR))
+    assert (rest.start, rest.end, rest.duration) == (21.5, 31, 3.5)
+    assert rest.source_seconds(2.5) == 30 and rest.source_seconds(2.5, closing=True) == 24
+    assert np.array_equal(rest.samples, window.samples[int(4.5 * SR) :])
+    assert window.tail(int(3 * SR)).joins == ((4 * SR, 30 * SR),) and window.tail(int(3 * SR)).start == 20
+
+
+def test_a_window_gives_back_its_stretches():
+    audio = noise(60)
+    regions = [(0, 4 * SR), (10 * SR, 13 * SR), (20 * SR, 25 * SR), (40 * SR, 42 * SR)]
+    [window] = speech_windows(audio, regions, pad_seconds=0, kept_pause_seconds=0)
+    parts = window.stretches()
+    assert [_stretches(p) for p in parts] == [[(0, 4)], [(10, 13)], [(20, 25)], [(40, 42)]]
+    assert np.array_equal(np.concatenate([p.samples for p in parts]), window.samples)
+    assert all(_holds_its_stretches(p, audio) and not p.joins for p in parts)
+
+
+def test_times_in_the_silence_around_a_join_belong_to_the_speech_on_their_side():
+    audio = noise(40)
+    # Regions padded by 0.5 s: the window keeps 0.5 s of silence on each side of the join.
+    [window] = speech_windows(audio, [(int(2.5 * SR), int(4.5 * SR)), (int(20.5 * SR), int(23.5 * SR))],
+                              pad_seconds=0.5, kept_pause_seconds=1.0)
+    assert window.join_margin == SR // 2 and window.joins == ((3 * SR, 20 * SR),)
+    # A start in the silence before the join opens the speech after it, an end in the silence
+    # after it closes the speech before it; further away, or on their own side, times map as
+    # they are.
+    assert window.source_seconds(2.6) == 20 and window.source_seconds(2.4) == 4.4
+    assert window.source_seconds(3.4, closing=True) == 5 and window.source_seconds(3.6, closing=True) == 20.6
+    assert window.source_seconds(3.4) == 20.4 and window.source_seconds(2.6, closing=True) == 4.6
+    # The rest of the window from inside the margin starts where its samples do.
+    assert window.tail(int(2.75 * SR)).start == 4.75
+
+
+def test_a_word_is_never_stretched_over_a_left_out_pause():
+    audio = noise(40)
+    [window] = speech_windows(audio, [(2 * SR, 5 * SR), (20 * SR, 24 * SR)])  # join at 4.0 s, 0.6 s kept each side
+    # Mostly after the join: it starts where the speech after it is padded from; mostly before:
+    # it ends where the speech before it stops being padded; apart from a join: as it is.
+    assert window.source_span(3.3, 4.8) == (20.0, 20.2)
+    assert window.source_span(3.0, 4.3) == (4.6, 5.0)
+    assert window.source_span(1.0, 2.0) == (2.6, 3.6)
 
 
 def test_speech_with_no_pause_is_cut_inside_at_a_quiet_point():
     audio = noise(80)
     audio[50 * SR - 1600 : 50 * SR] = 0.0  # the quiet 100 ms before the 30 s limit of a window opening at 20 s
-    windows = speech_windows(audio, [(20 * SR, 75 * SR)])
-    assert len(windows) == 2 and windows[0].start_sample == 20 * SR
+    windows = speech_windows(audio, [(20 * SR, 75 * SR)], pad_seconds=0)
+    assert len(windows) == 2 and windows[0].start_sample == 20 * SR and not windows[0].joins
     assert windows[1].start_sample == 50 * SR - 800
     assert windows[1].start_sample + windows[1].samples.shape[0] == 75 * SR
     assert speech_windows(audio, []) == []
     breath = noise(80)
     breath[46 * SR - 1600 : 46 * SR] = 0.0  # 4 s before the limit: a breath between sentences is found
-    assert speech_windows(breath, [(20 * SR, 75 * SR)])[1].start_sample == 46 * SR - 800
+    assert speech_windows(breath, [(20 * SR, 75 * SR)], pad_seconds=0)[1].start_sample == 46 * SR - 800
 
 
 def test_padding_widens_regions_and_splits_a_short_silence_between_them():
@@ -90,7 +174,9 @@ def test_a_word_that_opens_speech_never_starts_after_the_speech_does():
     snapped = snap_to_speech_onsets(words, speech)
     assert [w.start for w in snapped] == [1.00, 2.00, 4.00]  # late openers move back; "What" stays
     assert [w.end for w in snapped] == [w.end for w in words]
-    early = [Word("I", 3.50, 4.20, 0.9)]  # starts in the pause before the speech: left (the VAD hears onsets late)
+    early = [Word("I", 3.70, 4.20, 0.9)]  # starts in the pause before the speech: left (the VAD hears onsets late)
     assert snap_to_speech_onsets(early, speech) == early
+    stretched = [Word("Fine.", 1.50, 1.90, 0.9), Word("My", 2.80, 4.30, 0.9)]  # DTW took most of the pause
+    assert [w.start for w in snap_to_speech_onsets(stretched, speech)] == [1.00, 3.60]
     far = [Word("So", 6.30, 6.50, 0.9)]  # more than a second after the onset: not the word that opened it
     assert snap_to_speech_onsets(far, [(5.00, 7.00)]) == far

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from asr_service.transcription import TranscriptionOptions
 from support.dialogue import VOICE_DIRS, Utterance, read_truth, write
 from support.transcript_score import score, subtitles, tokens
 
@@ -36,7 +37,7 @@ def made(tmp_path_factory) -> dict[str, Path]:
     missing = _missing_tools()
     if missing:
         pytest.skip(f"speech synthesizers missing ({', '.join(missing)}); `make test` installs them as root")
-    return write(tmp_path_factory.mktemp("dialogue"), monologue=True)
+    return write(tmp_path_factory.mktemp("dialogue"), monologue=True, slow=True)
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +131,30 @@ def test_speech_without_pauses_loses_nothing_where_windows_cut_it(server, made):
     assert score(truth, text)["missing"] == []
     for heard in (timed["text"], text):
         assert _repeats(tokens(heard)) <= _repeats(said), heard
+
+
+async def test_a_slow_conversation_shares_windows_and_keeps_every_word_in_its_place(server, made, runtime):
+    """Pauses of 1.5-4 s between turns: the windows leave the pauses out and hold several turns
+    each (one encoder pass per window), and every word still comes back at its own time: no
+    utterance lost, none inside a pause, onsets within the targets, segments in order."""
+    truth = read_truth(made["slow_truth"])
+    audio, rate = sf.read(made["slow"], dtype="float32")
+    windows = (await runtime.transcriber.plan(audio, TranscriptionOptions(timestamps=True))).windows
+    assert len(windows) <= len(truth) // 3, [(w.start, w.end) for w in windows]
+    assert sum(len(w.joins) for w in windows) >= len(truth) // 2
+    body = _post(server.url, made["slow"].read_bytes(), response_format="verbose_json",
+                 **{"timestamp_granularities[]": ["word", "segment"]}).json()
+    found = score(truth, body["text"], [(w["word"], w["start"], w["end"]) for w in body["words"]])
+    assert found["missing"] == [], found
+    assert found["words_in_silence"] == 0, found
+    assert found["onset_median_s"] <= 0.2 and found["onset_p90_s"] <= 0.4, found
+    segments = body["segments"]
+    assert all(a["end"] <= b["start"] + 0.02 for a, b in zip(segments, segments[1:])), "segments overlap"
+    assert all(s["start"] <= s["end"] <= body["duration"] for s in segments)
+    # Segments start and end at speech, never inside a pause (a left-out one included).
+    for s in segments:
+        inside = [u for u in truth if u.start - 0.5 < s["end"] and s["start"] < u.end + 0.5]
+        assert inside and s["start"] >= inside[0].start - 1.0 and s["end"] <= inside[-1].end + 1.0, s
 
 
 def test_word_onsets_are_within_the_targets(transcripts):

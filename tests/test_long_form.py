@@ -69,6 +69,26 @@ async def test_a_repetition_loop_is_decoded_again(runtime):
     assert result.segments == [] or max(s.compression_ratio for s in result.segments) <= 2.4
 
 
+async def test_a_phrase_said_again_after_each_pause_is_kept_every_time(runtime):
+    """The same sentence eight times with 2.5 s pauses (a drill, a chorus): the pauses are
+    shortened, so a window holds several repeats, and its text compresses like a loop. Such a
+    window is decoded again stretch by stretch rather than sampled hotter (which drops
+    repeats): every one is kept, in order, at its time. (Whisper writes two identical sentences
+    1.2 s apart as one as often as not: hence stretch by stretch, not in smaller groups.)"""
+    fox = load_clip("en", "quick_brown_fox")
+    pause = np.zeros(int(2.5 * SR), np.float32)
+    audio = np.concatenate([np.zeros(SR, np.float32)] + [part for _ in range(8) for part in (fox, pause)])
+    options = TranscriptionOptions(timestamps=True)
+    windows = (await runtime.transcriber.plan(audio, options)).windows
+    assert len(windows) < 8 and all(w.joins for w in windows)  # several repeats a window
+    result = await runtime.transcriber.transcribe(audio, options)
+    assert normalize(result.text).split() == normalize(reference("en", "quick_brown_fox")).split() * 8, result.text
+    assert all(s.temperature == 0.0 for s in result.segments)
+    starts = [s.start for s in result.segments if "quick" in s.text.lower()]
+    said = [1 + i * (fox.shape[0] + pause.shape[0]) / SR for i in range(8)]
+    assert len(starts) == 8 and all(abs(a - b) < 0.6 for a, b in zip(starts, said)), (starts, said)
+
+
 class _Recording:
     """The real engine, keeping each decode it is given (params and stream) for inspection."""
 
@@ -143,22 +163,27 @@ async def test_without_the_speech_gate_the_no_speech_rule_still_applies(runtime)
 
 # ---- language across chunks ----
 
+ES = [("es", "conteo"), ("es", "pangrama"), ("es", "hola_mundo")]
+
+
 def _spanish_then(last_window: np.ndarray) -> np.ndarray:
-    es = [("es", "conteo"), ("es", "pangrama"), ("es", "hola_mundo")]
-    return np.concatenate([_window(*es, *es), _window(*es[::-1], *es), last_window])
+    return np.concatenate([_window(*ES, *ES), _window(*ES[::-1], *ES), last_window])
 
 
 async def test_a_low_confidence_outlier_chunk_is_decoded_again_with_the_files_language(runtime):
-    # Whisper base hears this two-word Italian greeting as French, with low confidence.
-    audio = _spanish_then(_window(("it", "ciao_mondo"), seconds=5.0))
-    assert len((await runtime.transcriber.plan(audio, TranscriptionOptions())).windows) == 3
+    # Whisper base hears this two-word Italian greeting as French, with low confidence. The
+    # Spanish before it is 28 s of speech with short pauses, a window that nothing more fits
+    # in, so the greeting after the long pause opens a window of its own.
+    audio = np.concatenate([_window(*ES, *ES, *ES), _window(("it", "ciao_mondo"), seconds=5.0)])
+    windows = (await runtime.transcriber.plan(audio, TranscriptionOptions())).windows
+    assert len(windows) == 2 and windows[1].start >= 29.5, [(w.start, w.end) for w in windows]
     voted, decodes = await _count_decodes(runtime, audio, replace_options(timestamps=True))
     assert voted.language == "es"
     assert {s.language for s in voted.segments} == {"es"}
-    assert decodes == 4  # three chunks, and the outlier once more
+    assert decodes == 3  # two windows, and the outlier once more
 
     per_chunk, decodes = await _count_decodes(runtime, audio, replace_options(timestamps=True, detect_language_per_chunk=True))
-    assert decodes == 3 and per_chunk.language == "es"
+    assert decodes == 2 and per_chunk.language == "es"
     assert per_chunk.segments[-1].language not in (None, "es")
 
 
@@ -209,9 +234,14 @@ def _two_conditioned_windows() -> np.ndarray:
     return np.concatenate([_window(*en), _window(*en[::-1])])
 
 
+# Two windows, each conditioned on the one before: per-window language detection, so the long
+# pause between them ends a window instead of being left out of one (chunking.speech_windows).
+CONDITIONED = dict(condition_on_previous_text=True, detect_language_per_chunk=True)
+
+
 async def test_each_chunk_can_be_conditioned_on_the_one_before(runtime, prompts):
     audio = _two_conditioned_windows()
-    result = await runtime.transcriber.transcribe(audio, replace_options(condition_on_previous_text=True, hotwords="Fox"))
+    result = await runtime.transcriber.transcribe(audio, replace_options(**CONDITIONED, hotwords="Fox"))
     assert result.text.lower().count("quick brown fox") == 2
     tok = runtime.adapter.tok
     first, second = prompts
@@ -227,7 +257,7 @@ async def test_a_stream_is_conditioned_on_the_text_before_like_the_full_response
     from asr_service.streaming import StreamDelta, StreamDone, render_stream
 
     audio = _two_conditioned_windows()
-    options = replace_options(condition_on_previous_text=True)
+    options = replace_options(**CONDITIONED)
     items = [item async for item in render_stream(runtime.transcriber.run(audio, options, streamed=True))]
     streamed_prompts = list(prompts)
     full = await runtime.transcriber.transcribe(audio, options)

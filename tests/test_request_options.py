@@ -62,7 +62,7 @@ def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
     assert from_form.top_p == 0.9 and from_form.top_k == 40 and from_form.beam_size == 3 and from_form.min_p == 0.05
     assert (from_form.repetition_penalty, from_form.frequency_penalty, from_form.presence_penalty) == (1.2, 0.5, -0.5)
     assert from_form.word_timestamps and from_form.condition_on_previous_text and from_form.vad_filter
-    assert from_form.vad == VadSettings(threshold=0.6, window_pause_s=0.8)
+    assert from_form.vad == VadSettings(threshold=0.6, long_pause_s=0.8)
     assert from_form.fallback_temperatures == () and from_form.thresholds.no_speech == 0.5
     assert from_form.token_logprobs
 
@@ -107,7 +107,7 @@ def test_chunking_strategy_as_the_openai_sdk_sends_it(adapter):
     strategy = {"type": "server_vad", "threshold": 0.3, "prefix_padding_ms": 200, "silence_duration_ms": 1200}
     fields = Querystring().stringify_items({"chunking_strategy": strategy}, array_format="brackets")
     options = parse_transcription_form(_form(*fields), adapter, "transcribe").options
-    assert options.vad == VadSettings(threshold=0.3, window_pause_s=1.2, pad_s=0.2)
+    assert options.vad == VadSettings(threshold=0.3, long_pause_s=1.2, pad_s=0.2)
     auto = parse_transcription_form(_form(("chunking_strategy", "auto")), adapter, "transcribe").options
     assert auto.vad == VadSettings() == parse_transcription_form(_form(), adapter, "transcribe").options.vad
 

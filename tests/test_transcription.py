@@ -151,12 +151,20 @@ async def test_long_audio_chunks_offsets_and_join(runtime):
     tokens = sum(len(s.tokens) for s in plain.segments)
     assert steps < tokens, (steps, tokens)
 
-    timed = await runtime.transcriber.transcribe(audio, TranscriptionOptions(timestamps=True))
+    # Decoded with timestamps (the seek recovers what a decode stops short of), the windows
+    # join the clips across the silences, which they leave out: fewer, fuller windows.
+    timed_options = TranscriptionOptions(timestamps=True)
+    joined = (await runtime.transcriber.plan(audio, timed_options)).windows
+    assert len(joined) < len(chunks) and any(c.joins for c in joined)
+    timed = await runtime.transcriber.transcribe(audio, timed_options)
+    assert normalize(timed.text).count("quick brown fox") == 3
     assert all(a.start <= b.start for a, b in zip(timed.segments, timed.segments[1:]))
     assert timed.segments[-1].end <= timed.duration + 0.05
     for seg in timed.segments:
-        chunk = next(c for c in reversed(chunks) if c.start_sample // 160 == seg.seek)
+        # seek: where the decode it came from starts (a window, a stretch of one, or a continuation)
+        chunk = next(c for c in joined if c.start_sample // 160 <= seg.seek < round(c.end * 100))
         assert chunk.start <= seg.start <= seg.end <= chunk.end + 0.05
+        assert not any(a + 0.7 <= seg.start <= b - 0.7 for a, b in silent), seg  # never inside a left-out pause
     # Segment times are true offsets (no idx*30 drift): segments start where their phrase was
     # put. Whisper's own timestamps are coarse after a long leading silence (the first
     # timestamp is capped at 1 s), so count the close ones rather than demand all.
@@ -166,6 +174,7 @@ async def test_long_audio_chunks_offsets_and_join(runtime):
         name = next((v for k, v in phrase_of.items() if k in seg.text.lower()), None)
         return min(abs(seg.start - s) for s in starts[name]) if name else float("inf")
 
-    close = [seg for seg in timed.segments if true_start_error(seg) < 0.5]
+    # (A window starts in the silence kept before its speech: up to 0.6 s before a long pause's end.)
+    close = [seg for seg in timed.segments if true_start_error(seg) < 0.7]
     assert len(close) >= len(timed.segments) / 2, [(s.start, s.text) for s in timed.segments]
-    assert any(seg.start > chunks[1].start for seg in close)
+    assert any(seg.start > 60 for seg in close)  # times are right far into the file, past left-out pauses
