@@ -8,7 +8,9 @@ request are submitted together, so they decode concurrently in the engine's batc
 another when each is conditioned on the text before it); results keep their true time offsets.
 
 A window decoded with timestamps whose decode stops before the speech in it ends is decoded
-again from where its text stopped (the seek), streamed or not.
+again from where its text stopped (the seek), streamed or not. A window whose text repeats
+across the stretches of audio it joins (chunking.speech_windows) is decoded again stretch by
+stretch (full responses only).
 
 What a streamed run leaves out, because text already shown cannot be taken back: temperature
 fallback and the re-decode of chunks whose language is an outlier.
@@ -432,9 +434,9 @@ class Transcriber:
     async def _decode_stretches(self, window: AudioChunk, first: ChunkOutcome, options: TranscriptionOptions,
                                 previous_text: str | None) -> WindowOutcome:
         """The window decoded as its contiguous stretches, each a window of its own (with its
-        seek and fallback), their pieces in time order. Each apart, not in smaller groups: two
-        identical sentences a pause apart in one window are as likely to come out once as
-        several are. The window's language detection stays its whole decode's."""
+        seek and fallback), their pieces in time order. Each apart, not in smaller groups:
+        Whisper writes two identical sentences a short pause apart as one as often as not. The
+        window's language detection stays its whole decode's."""
         parts = await asyncio.gather(*(self._decode_window(part, options, previous_text, None)
                                        for part in window.stretches()))
         pieces = [piece for part in parts for piece in part.pieces]
