@@ -97,11 +97,15 @@ class AudioChunk:
         return AudioChunk(base_source + offset - base_offset, self.samples[offset:], self.sample_rate, later,
                           self.join_margin)
 
-    def stretches(self) -> list[AudioChunk]:
-        """The window's contiguous stretches of the audio, each a window of its own."""
-        cuts = [0] + [o for o, _ in self.joins] + [self.samples.shape[0]]
-        starts = [self.start_sample] + [source for _, source in self.joins]
-        return [AudioChunk(start, self.samples[a:b], self.sample_rate) for start, a, b in zip(starts, cuts, cuts[1:])]
+    def split(self, at: list[int]) -> list[AudioChunk]:
+        """The window cut at some of its joins (offsets into it), each part a window of its own."""
+        parts, rest, done = [], self, 0
+        for offset in sorted(at):
+            head = AudioChunk(rest.start_sample, rest.samples[: offset - done], self.sample_rate,
+                              tuple(j for j in rest.joins if j[0] < offset - done), self.join_margin)
+            parts.append(head)
+            rest, done = rest.tail(offset - done), offset
+        return parts + [rest]
 
     @classmethod
     def joined(cls, audio: np.ndarray, stretches: list[tuple[int, int]], sample_rate: int,

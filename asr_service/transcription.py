@@ -8,9 +8,9 @@ request are submitted together, so they decode concurrently in the engine's batc
 another when each is conditioned on the text before it); results keep their true time offsets.
 
 A window decoded with timestamps whose decode stops before the speech in it ends is decoded
-again from where its text stopped (the seek), streamed or not. A window whose text repeats
-across the stretches of audio it joins (chunking.speech_windows) is decoded again stretch by
-stretch (full responses only).
+again from where its text stopped (the seek), streamed or not. A full response's window whose
+decode cannot be kept whole across the long pauses it leaves out (chunking.speech_windows) is
+cut there and decoded again in parts (_cuts); a stream's windows end at long pauses instead.
 
 What a streamed run leaves out, because text already shown cannot be taken back: temperature
 fallback and the re-decode of chunks whose language is an outlier.
@@ -276,7 +276,7 @@ class Transcriber:
         in ``tally`` as they are generated."""
         tally = TokenTally() if tally is None else tally
         options = self._for_model(options)
-        plan = await self.plan(audio, options)
+        plan = await self.plan(audio, options, streamed)
         chunks = plan.windows
         conditioned = options.condition_on_previous_text
         jobs = [] if conditioned else [self._start(i, c, options, None, streamed, on_chunk_done, tally)
@@ -320,7 +320,7 @@ class Transcriber:
         return options
 
     # ---- prompts ----
-    async def plan(self, audio: np.ndarray, options: TranscriptionOptions) -> WindowPlan:
+    async def plan(self, audio: np.ndarray, options: TranscriptionOptions, streamed: bool = False) -> WindowPlan:
         """The windows to decode. With the speech gate on, the silence before the first speech
         is skipped (nothing to invent there), and audio longer than one window is cut where the
         VAD hears speech pause, long pauses left out (chunking.speech_windows). With the gate
@@ -341,9 +341,10 @@ class Transcriber:
             return WindowPlan([AudioChunk(start, audio[start:], rate)], [(onset, audio.shape[0])])
         speech = await self._gate_work(self.gate.speech_regions, audio, vad.min_silence_s, vad.threshold)
         # Windows join speech across long pauses only where the seek decodes again what a
-        # window's decode leaves out (it needs timestamps), and not for code-switching audio
-        # (each window detects its own language: the one its decode opens with).
-        joins = options.timestamps and not options.detect_language_per_chunk
+        # window's decode leaves out (it needs timestamps) and a window can be decoded again in
+        # parts (_cuts: not in a stream, whose text is sent as decoded), and not for
+        # code-switching audio (each window detects its own language: the one it opens with).
+        joins = options.timestamps and not streamed and not options.detect_language_per_chunk
         windows = speech_windows(audio, speech, rate, cfg.max_clip_seconds, vad.pad_s, vad.long_pause_s,
                                  vad.kept_pause_s, join_long_pauses=joins)
         return WindowPlan(windows, speech)
@@ -398,8 +399,9 @@ class Transcriber:
         text already shown."""
         splits = report is None  # a stream's text is shown as decoded: never taken back
         head = await self._decode_chunk(window, options, previous_text, report, splits)
-        if splits and self._repeats_across_stretches(head, options):
-            return await self._decode_stretches(window, head, options, previous_text)
+        cuts = self._cuts(head, options) if splits else []
+        if cuts:
+            return await self._decode_parts(window, cuts, head, options, previous_text)
         outcome = WindowOutcome(window, [head])
         while len(outcome.pieces) <= MAX_CONTINUATIONS:
             last = outcome.pieces[-1].chunk
@@ -421,24 +423,37 @@ class Transcriber:
         return outcome
 
     @staticmethod
-    def _repeats_across_stretches(piece: ChunkOutcome, options: TranscriptionOptions) -> bool:
-        """A full response's first decode of a window that joins stretches of the audio, whose
-        text compresses like a repetition loop. Several stretches of speech may well say the same
-        thing (a phrase said again after a pause, a drill, a chorus), which no temperature
-        fallback can tell from a loop: such a window is decoded again stretch by stretch
-        (_decode_stretches), and a stretch that still repeats itself goes to the fallback."""
-        ratio = options.thresholds.compression_ratio
-        return (bool(piece.chunk.joins) and piece.params is not None and piece.figures.temperature == 0
-                and ratio is not None and piece.figures.compression_ratio > ratio)
+    def _cuts(piece: ChunkOutcome, options: TranscriptionOptions) -> list[int]:
+        """Where (joins, as offsets into the window) a window that joins stretches of the audio
+        is cut and decoded again as parts, when its first decode cannot be kept whole:
+        - all of them when its text compresses like a repetition loop: several stretches of
+          speech may well say the same thing (a phrase said again after a pause, a drill, a
+          chorus), which no temperature fallback can tell from a loop, and the sampled retries
+          drop repeats;
+        - else those a segment runs across, from the speech before a left-out pause to the
+          speech after it: Whisper writes a sentence said again after a short pause as one
+          sentence as often as not (copies of one recording above all), and a segment over a
+          join is how that shows; speech of one turn on both sides of a long pause is rare.
+        Each part then decodes on its own (and is cut again if it must be); a stretch that
+        still repeats itself goes to the temperature fallback."""
+        chunk, parsed, ratio = piece.chunk, piece.parsed, options.thresholds.compression_ratio
+        if (not chunk.joins or piece.params is None or piece.figures.temperature != 0 or parsed.failure is not None
+                or is_silent(piece.figures, options.thresholds)):
+            return []
+        joins = [offset for offset, _ in chunk.joins]
+        if ratio is not None and piece.figures.compression_ratio > ratio:
+            return joins
+        rate, margin = chunk.sample_rate, chunk.join_margin
+        return [j for j in joins if any(s.end is not None and s.start * rate < j - margin and j + margin < s.end * rate
+                                        for s in parsed.segments)]
 
-    async def _decode_stretches(self, window: AudioChunk, first: ChunkOutcome, options: TranscriptionOptions,
-                                previous_text: str | None) -> WindowOutcome:
-        """The window decoded as its contiguous stretches, each a window of its own (with its
-        seek and fallback), their pieces in time order. Each apart, not in smaller groups:
-        Whisper writes two identical sentences a short pause apart as one as often as not. The
-        window's language detection stays its whole decode's."""
+    async def _decode_parts(self, window: AudioChunk, cuts: list[int], first: ChunkOutcome,
+                            options: TranscriptionOptions, previous_text: str | None) -> WindowOutcome:
+        """The window decoded as the parts ``cuts`` make, each a window of its own (with its
+        seek, its cuts and its fallback), their pieces in time order. The window's language
+        detection stays its whole decode's."""
         parts = await asyncio.gather(*(self._decode_window(part, options, previous_text, None)
-                                       for part in window.stretches()))
+                                       for part in window.split(cuts)))
         pieces = [piece for part in parts for piece in part.pieces]
         pieces[0].language_probs = first.language_probs
         return WindowOutcome(window, pieces)
@@ -481,8 +496,8 @@ class Transcriber:
     async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
                             report: ChunkReporter | None, splits: bool = False) -> ChunkOutcome:
         """The chunk's kept decode. With ``report`` its text is shown as it grows, so it is
-        never replaced: no temperature fallback. With ``splits``, a decode that repeats across
-        the chunk's stretches is returned as it is (the caller decodes the stretches apart)."""
+        never replaced: no temperature fallback. With ``splits``, a decode that the chunk must
+        be cut for (_cuts) is returned as it is: the caller decodes the parts."""
         if not await self._hears_speech(chunk, options):
             return self._no_speech_outcome(chunk)
         language = options.language
@@ -492,7 +507,7 @@ class Transcriber:
         first = await self._decode(chunk, self.params_for(options, language, previous_text), options, report)
         if (report is not None or options.temperature > 0 or not options.fallback_temperatures
                 or not needs_fallback(first.figures, options.thresholds)
-                or (splits and self._repeats_across_stretches(first, options))):
+                or (splits and self._cuts(first, options))):
             return first
         return await self._fallback(chunk, first, options, language or first.parsed.language, previous_text)
 

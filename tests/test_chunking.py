@@ -112,14 +112,18 @@ def test_a_window_maps_its_own_time_back_to_the_audio():
     assert window.tail(int(3 * SR)).joins == ((4 * SR, 30 * SR),) and window.tail(int(3 * SR)).start == 20
 
 
-def test_a_window_gives_back_its_stretches():
+def test_a_window_cut_at_some_of_its_joins_keeps_its_map():
     audio = noise(60)
     regions = [(0, 4 * SR), (10 * SR, 13 * SR), (20 * SR, 25 * SR), (40 * SR, 42 * SR)]
     [window] = speech_windows(audio, regions, pad_seconds=0, kept_pause_seconds=0)
-    parts = window.stretches()
-    assert [_stretches(p) for p in parts] == [[(0, 4)], [(10, 13)], [(20, 25)], [(40, 42)]]
-    assert np.array_equal(np.concatenate([p.samples for p in parts]), window.samples)
-    assert all(_holds_its_stretches(p, audio) and not p.joins for p in parts)
+    parts = window.split([7 * SR])  # the join before the third stretch
+    assert [_stretches(p) for p in parts] == [[(0, 4), (10, 13)], [(20, 25), (40, 42)]]
+    assert parts[1].source_seconds(5.5) == 40.5 and parts[0].end == 13
+    stretches = window.split([o for o, _ in window.joins])
+    assert [_stretches(p) for p in stretches] == [[(0, 4)], [(10, 13)], [(20, 25)], [(40, 42)]]
+    for cut in (parts, stretches):
+        assert np.array_equal(np.concatenate([p.samples for p in cut]), window.samples)
+        assert all(_holds_its_stretches(p, audio) for p in cut)
 
 
 def test_times_in_the_silence_around_a_join_belong_to_the_speech_on_their_side():

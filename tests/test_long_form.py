@@ -72,9 +72,10 @@ async def test_a_repetition_loop_is_decoded_again(runtime):
 async def test_a_phrase_said_again_after_each_pause_is_kept_every_time(runtime):
     """The same sentence eight times with 2.5 s pauses (a drill, a chorus): the pauses are
     shortened, so a window holds several repeats, and its text compresses like a loop. Such a
-    window is decoded again stretch by stretch rather than sampled hotter (which drops
-    repeats): every one is kept, in order, at its time. (Whisper writes two identical sentences
-    1.2 s apart as one as often as not: hence stretch by stretch, not in smaller groups.)"""
+    window is cut at its joins and the parts decoded again rather than sampled hotter (which
+    drops repeats), and a part whose segment runs over a join (Whisper writes two identical
+    sentences 1.2 s apart as one as often as not) is cut there too: every one is kept, in
+    order, at its time."""
     fox = load_clip("en", "quick_brown_fox")
     pause = np.zeros(int(2.5 * SR), np.float32)
     audio = np.concatenate([np.zeros(SR, np.float32)] + [part for _ in range(8) for part in (fox, pause)])
