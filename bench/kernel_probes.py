@@ -1,0 +1,130 @@
+"""What this CPU's torch kernels offer the next speed-up, measured rather than assumed.
+
+    python -m bench.kernel_probes [--threads 2] [--out bench/results/kernel-probes-DATE.json]
+
+Three probes, one run, the packaged model's shapes (float32):
+1. The encoder with torch's dynamic int8 linear layers (per-channel weights, one activation
+   scale per tensor) against float32 on one 30 s window: time, the output's relative error,
+   and whether a window gives the same output alone and beside another (per-tensor scales:
+   it need not).
+2. ``torch._int_mm`` (int8 x int8 -> exact int32 sums, what a per-row int8 scheme whose result
+   cannot depend on the batch would run on) against the float32 product of the same shapes.
+3. The decoder's cross-attention products over 7 windows' K/V, for 1 query a window (greedy)
+   and 5 (a 5-beam search), with the K/V stored as the engine stores them ([audios, heads,
+   frames, head dim]) and frames-last ([audios, heads, head dim, frames], read through
+   transposed views), float32, and bfloat16 through the fused kernel; plus whether a window's
+   result is the same alone as among the seven.
+Best of five repeats each. Absolute times on a shared machine are noisy; compare rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from asr_service.engine.features import SAMPLE_RATE, log_mel_spectrogram
+from asr_service.runtime import RuntimeSettings, build_runtime
+from support.clips import load_clip
+
+WINDOWS, QUERIES = 7, (1, 5)
+PRODUCT_SHAPES = ((1500, 512, 2048), (1500, 2048, 512), (40, 512, 51865))  # encoder MLP in/out, 40-row vocabulary
+
+
+def best_ms(fn, repeats: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return round(best * 1000, 2)
+
+
+def encoder_int8(model) -> dict:
+    audio = np.zeros(30 * SAMPLE_RATE, np.float32)
+    clip = load_clip("en", "quick_brown_fox")
+    audio[: clip.shape[0]] = clip
+    mel = log_mel_spectrogram(audio, model.dims.n_mels)[None]
+    encoder = model.encoder
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the deprecation notice of torch.ao.quantization
+        qconfig = {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
+        int8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(encoder), qconfig, dtype=torch.qint8)
+    reference, quantized = encoder(mel), int8(mel)
+    beside_another = int8(torch.cat([mel, mel.flip(-1)]))[:1]
+    return {"float32_ms": best_ms(lambda: encoder(mel)), "int8_ms": best_ms(lambda: int8(mel)),
+            "int8_relative_error": round(float((quantized - reference).norm() / reference.norm()), 4),
+            "int8_same_beside_another_window": bool(torch.equal(beside_another, quantized))}
+
+
+def int_products() -> list[dict]:
+    rows = []
+    for m, k, n in PRODUCT_SHAPES:
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        xq = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+        wq = torch.randint(-127, 128, (n, k), dtype=torch.int8).T  # weights kept [out, in], as nn.Linear's
+        rows.append({"shape": [m, k, n], "float32_ms": best_ms(lambda: x @ w.T),
+                     "int_mm_ms": best_ms(lambda: torch._int_mm(xq, wq))})
+    return rows
+
+
+def _attention(q, k, v):
+    return ((q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)).softmax(-1) @ v
+
+
+def cross_attention_layouts(dims) -> list[dict]:
+    heads, frames = dims.n_text_head, dims.n_audio_ctx
+    head_dim = dims.n_text_state // heads
+    layers = dims.n_text_layer
+    rows = []
+    for queries in QUERIES:
+        kv = [(torch.randn(WINDOWS, heads, frames, head_dim), torch.randn(WINDOWS, heads, frames, head_dim))
+              for _ in range(layers)]
+        frames_last = [tuple(t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in pair) for pair in kv]
+        bf16 = [tuple(t.to(torch.bfloat16) for t in pair) for pair in kv]
+        bf16_frames_last = [tuple(t.to(torch.bfloat16) for t in pair) for pair in frames_last]
+        q = torch.randn(WINDOWS, heads, queries, head_dim)
+        qb = q.to(torch.bfloat16)
+        k, v = frames_last[0]
+        alone = _attention(q[:1], k[:1], v[:1])
+        rows.append({
+            "queries_per_window": queries, "windows": WINDOWS, "layers": layers,
+            "float32_ms": best_ms(lambda: [_attention(q, k, v) for k, v in kv]),
+            "float32_frames_last_ms": best_ms(lambda: [_attention(q, k, v) for k, v in frames_last]),
+            "frames_last_max_difference": float((_attention(q, *kv[0]) - _attention(q, k, v)).abs().max()),
+            "frames_last_same_alone_and_batched": bool(torch.equal(alone, _attention(q, k, v)[:1])),
+            "bfloat16_fused_ms": best_ms(lambda: [F.scaled_dot_product_attention(qb, k, v) for k, v in bf16]),
+            "bfloat16_fused_frames_last_ms": best_ms(
+                lambda: [F.scaled_dot_product_attention(qb, k, v) for k, v in bf16_frames_last]),
+        })
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path(f"bench/results/kernel-probes-{datetime.date.today()}.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = build_runtime(RuntimeSettings(threads=args.threads, quantize="none")).loaded.model
+    with torch.inference_mode():
+        report = {"run": datetime.datetime.now().isoformat(timespec="seconds"), "threads": args.threads,
+                  "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                  "encoder_int8": encoder_int8(model), "int_mm": int_products(),
+                  "cross_attention": cross_attention_layouts(model.dims)}
+    args.out.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    print(f"\nwritten to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
