@@ -47,6 +47,11 @@ class AudioChunk:
         """Where in the audio the window's last sample ends (seconds)."""
         return self.source_seconds(self.duration, closing=True)
 
+    @property
+    def join_offsets(self) -> list[int]:
+        """Where (samples into the window) each later stretch begins."""
+        return [offset for offset, _ in self.joins]
+
     def source_sample(self, offset: int, closing: bool = False) -> int:
         """The audio's sample at ``offset`` into the window, for a time that opens something (a
         segment's or a word's start) or, with ``closing``, ends it. Around a join the window
@@ -58,7 +63,7 @@ class AudioChunk:
         before the speech is often the better one; word_timing.snap_to_speech_onsets bounds
         it.) An opening time at a join is the next stretch's first sample, a closing one the
         end of the stretch before."""
-        offsets = [o for o, _ in self.joins]
+        offsets = self.join_offsets
         if closing:
             k = bisect_left(offsets, offset)  # the joins before the offset
             if k and offset - offsets[k - 1] <= self.join_margin:
@@ -91,7 +96,7 @@ class AudioChunk:
 
     def tail(self, offset: int) -> AudioChunk:
         """The window from ``offset`` (samples into it) on, with its map."""
-        k = bisect_right([o for o, _ in self.joins], offset)
+        k = bisect_right(self.join_offsets, offset)
         base_offset, base_source = (0, self.start_sample) if k == 0 else self.joins[k - 1]
         later = tuple((o - offset, source) for o, source in self.joins[k:])
         return AudioChunk(base_source + offset - base_offset, self.samples[offset:], self.sample_rate, later,

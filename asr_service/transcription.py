@@ -440,7 +440,7 @@ class Transcriber:
         if (not chunk.joins or piece.params is None or piece.figures.temperature != 0 or parsed.failure is not None
                 or is_silent(piece.figures, options.thresholds)):
             return []
-        joins = [offset for offset, _ in chunk.joins]
+        joins = chunk.join_offsets
         if ratio is not None and piece.figures.compression_ratio > ratio:
             return joins
         rate, margin = chunk.sample_rate, chunk.join_margin

@@ -153,16 +153,12 @@ def write(directory: Path, monologue: bool = False, slow: bool = False) -> dict[
     sf.write(paths["clean"], audio, SAMPLE_RATE, subtype="PCM_16")
     sf.write(paths["noisy"], np.clip(with_noise(audio), -1, 1), SAMPLE_RATE, subtype="PCM_16")
     _write_truth(paths["truth"], audio, truth)
-    if monologue:
-        audio, truth = build_monologue()
-        paths.update(monologue=directory / "monologue.wav", monologue_truth=directory / "monologue.json")
-        sf.write(paths["monologue"], audio, SAMPLE_RATE, subtype="PCM_16")
-        _write_truth(paths["monologue_truth"], audio, truth)
-    if slow:
-        audio, truth = build_slow()
-        paths.update(slow=directory / "slow.wav", slow_truth=directory / "slow.json")
-        sf.write(paths["slow"], audio, SAMPLE_RATE, subtype="PCM_16")
-        _write_truth(paths["slow_truth"], audio, truth)
+    for name, wanted, made in (("monologue", monologue, build_monologue), ("slow", slow, build_slow)):
+        if wanted:
+            audio, truth = made()
+            paths.update({name: directory / f"{name}.wav", f"{name}_truth": directory / f"{name}.json"})
+            sf.write(paths[name], audio, SAMPLE_RATE, subtype="PCM_16")
+            _write_truth(paths[f"{name}_truth"], audio, truth)
     return paths
 
 
