@@ -25,7 +25,8 @@ from .transcription import Transcriber
 
 # "bf16": the encoder under bfloat16 autocast and the decoder's linear layers in bfloat16
 # (engine/quantize.py); "int8": dynamic int8 linear layers everywhere (opt-in: a sequence's result
-# then depends on its batch); "none": float32. "auto", the default, is bf16 where the CPU multiplies
+# then depends on its batch); "none": float32 arithmetic (on x86, on weights kept in float16 where
+# that is exact, as for Whisper's float16 checkpoints: engine/quantize.py). "auto", the default, is bf16 where the CPU multiplies
 # bfloat16 in hardware and none elsewhere (see cpu_has_native_bf16).
 QUANTIZATIONS = ("auto", "none", "bf16", "int8")
 ENGINES = ("embedded", "sglang")
@@ -141,6 +142,12 @@ def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
 
         quantize_int8(loaded.model)
         return_freed_memory()  # the float weights that quantization replaced
+    else:
+        from .engine.quantize import fbgemm_available, float16_weights
+
+        if fbgemm_available():
+            float16_weights(loaded.model)
+            return_freed_memory()  # the float32 weights that float16 copies replaced
     # Threads: all cores by default; more processes or threads than cores only add contention.
     batch = BatchEngine(loaded.model, max_batch_size=s.max_batch_size, max_audio_windows=s.max_audio_windows,
                         threads=s.threads or os.cpu_count(), encoder_dtype=encoder_dtype)

@@ -2,7 +2,7 @@
 
     python -m bench.kernel_probes [--threads 2] [--out bench/results/kernel-probes-DATE.json]
 
-Three probes, one run, the packaged model's shapes (float32):
+Four probes, one run, the packaged model's shapes (float32):
 1. The encoder with torch's dynamic int8 linear layers (per-channel weights, one activation
    scale per tensor) against float32 on one 30 s window: time, the output's relative error,
    and whether a window gives the same output alone and beside another (per-tensor scales:
@@ -14,6 +14,9 @@ Three probes, one run, the packaged model's shapes (float32):
    frames, head dim]) and frames-last ([audios, heads, head dim, frames], read through
    transposed views), float32, and bfloat16 through the fused kernel; plus whether a window's
    result is the same alone as among the seven.
+4. fbgemm's float32 product with float16-stored weights (what float32 runs on, engine/quantize.py)
+   against float32 BLAS, at the shapes of decoding (1-40 rows) and of the encoder (1500 rows),
+   with the largest difference between the two.
 Best of five repeats each. Absolute times on a shared machine are noisy; compare rows of one run.
 """
 
@@ -32,11 +35,14 @@ import torch
 import torch.nn.functional as F
 
 from asr_service.engine.features import SAMPLE_RATE, log_mel_spectrogram
-from asr_service.runtime import RuntimeSettings, build_runtime
+from asr_service.model_loading import load_model
 from support.clips import load_clip
 
 WINDOWS, QUERIES = 7, (1, 5)
 PRODUCT_SHAPES = ((1500, 512, 2048), (1500, 2048, 512), (40, 512, 51865))  # encoder MLP in/out, 40-row vocabulary
+# Decoder MLP at 1 and 8 rows, the vocabulary at 1, 8 and 40 rows, the encoder's MLP.
+FLOAT16_WEIGHT_SHAPES = ((1, 512, 2048), (8, 512, 2048), (8, 2048, 512), (1, 512, 51865), (8, 512, 51865),
+                         (40, 512, 51865), (1500, 512, 2048), (1500, 2048, 512))
 
 
 def best_ms(fn, repeats: int = 5) -> float:
@@ -74,6 +80,21 @@ def int_products() -> list[dict]:
         wq = torch.randint(-127, 128, (n, k), dtype=torch.int8).T  # weights kept [out, in], as nn.Linear's
         rows.append({"shape": [m, k, n], "float32_ms": best_ms(lambda: x @ w.T),
                      "int_mm_ms": best_ms(lambda: torch._int_mm(xq, wq))})
+    return rows
+
+
+def float16_weight_products(model) -> list[dict]:
+    """Real weights (the packaged model's, float16 at heart) at each shape's (rows, in, out)."""
+    weights = {(512, 2048): model.decoder.layers[0].mlp.fc1.weight, (2048, 512): model.decoder.layers[0].mlp.fc2.weight,
+               (512, 51865): model.decoder.token_embedding.weight}
+    rows = []
+    for m, k, n in FLOAT16_WEIGHT_SHAPES:
+        w, x = weights[(k, n)].float(), torch.randn(m, k)
+        packed = torch.ops.quantized.linear_prepack_fp16(w, None)
+        difference = (torch.ops.quantized.linear_dynamic_fp16(x, packed) - x @ w.T).abs().max()
+        rows.append({"shape": [m, k, n], "float32_ms": best_ms(lambda: x @ w.T),
+                     "float16_weights_ms": best_ms(lambda: torch.ops.quantized.linear_dynamic_fp16(x, packed)),
+                     "max_difference": float(difference)})
     return rows
 
 
@@ -115,12 +136,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(f"bench/results/kernel-probes-{datetime.date.today()}.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = build_runtime(RuntimeSettings(threads=args.threads, quantize="none")).loaded.model
+    model = load_model().model  # float32 nn.Linear layers, as loaded (the runtime's may hold float16 weights)
     with torch.inference_mode():
         report = {"run": datetime.datetime.now().isoformat(timespec="seconds"), "threads": args.threads,
                   "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                   "encoder_int8": encoder_int8(model), "int_mm": int_products(),
-                  "cross_attention": cross_attention_layouts(model.dims)}
+                  "cross_attention": cross_attention_layouts(model.dims),
+                  "float16_weights": float16_weight_products(model)}
     args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     print(f"\nwritten to {args.out}")

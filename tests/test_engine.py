@@ -150,6 +150,32 @@ async def test_a_sequences_decode_does_not_depend_on_its_batch(precision, runtim
         check(result, expected)
 
 
+async def test_float32_on_float16_stored_weights_decodes_as_on_float32_weights(runtime_of):
+    """float32 (``none``) keeps Whisper's float16 weights in float16 where fbgemm can widen them
+    inside its products (engine/quantize.py): the same decodes as the same weights held as float32
+    tensors, greedy and beam search, with and without timestamps."""
+    from asr_service.engine.batch_engine import BatchEngine
+    from asr_service.engine.quantize import Fp16WeightLinear, fbgemm_available
+    from asr_service.model_loading import load_model
+
+    if not fbgemm_available():
+        pytest.skip("no fbgemm on this CPU: float32 keeps float32 weights")
+    rt = runtime_of("none")
+    dims = rt.loaded.model.dims  # every linear layer: 4 an encoder layer, 7 a decoder layer, the projection
+    assert sum(isinstance(m, Fp16WeightLinear) for m in rt.loaded.model.modules()) == 4 * dims.n_audio_layer + 7 * dims.n_text_layer + 1
+    plain = BatchEngine(load_model().model, max_batch_size=16, threads=2)
+    try:
+        kinds = [rt.adapter.build_fused_autodetect_params(), rt.adapter.build_fused_autodetect_params(timestamps=True)]
+        work = [(load_clip(*c), kinds[i % 2]) for i, c in enumerate(BATCH_CLIPS)]
+        work.append((load_clip("fr", "pangrama"), replace(kinds[1], beam_size=5)))
+        stored_float16, stored_float32 = [await asyncio.gather(*(engine.submit(a, p).collect() for a, p in work))
+                                          for engine in (rt.engine, plain)]
+    finally:
+        plain.shutdown()
+    assert [r.token_ids for r in stored_float16] == [r.token_ids for r in stored_float32]
+    assert all(r.finish_reason == "stop" for r in stored_float16)
+
+
 @pytest.mark.parametrize("quantize", ["int8", "bf16"])
 def test_reduced_precision_engine_still_transcribes(quantize):
     """--quantize int8 (quantized linear layers) and bf16 (bfloat16 matrix products in the encoder

@@ -1,4 +1,5 @@
-"""Reduced precision on the CPU (``--quantize``): int8 or bfloat16 linear layers.
+"""Reduced precision on the CPU (``--quantize``): int8 or bfloat16 linear layers; and float32
+arithmetic on weights kept in float16.
 
 int8 (opt-in): dynamic quantization of every linear layer (fbgemm). Weights are int8 with one
 scale per output channel; activations take one scale per tensor, i.e. per batch, so a sequence's
@@ -18,6 +19,15 @@ this way gets the same log-probabilities bit for bit whatever it is batched with
 autocast (BatchEngine's encoder_dtype) with its linear and convolution weights stored in
 bfloat16: autocast would round them to exactly those values on every pass, so the output is the
 same bit for bit and the float32 copies are not kept. Their WER is measured in bench/.
+
+float16 weights (what float32, ``none``, runs on where fbgemm is there: x86 CPUs): every linear
+layer whose weights float16 holds exactly (all of them for Whisper's float16 checkpoints) keeps
+them in float16, packed by fbgemm, which widens them to float32 inside its product: the inputs,
+products, sums and outputs stay float32, so it is float32 inference on the same weights in half
+their memory, and the few-row products of decoding, which are bound by reading weights, go
+faster (bench/kernel_probes.py). Like float32 BLAS, fbgemm rounds a row's sums in another order
+for some row counts (its kernels for one and two rows differ from the rest), so a sequence keeps
+its tokens in any batch (tests/test_engine.py), not every last digit.
 """
 
 from __future__ import annotations
@@ -107,3 +117,50 @@ def bf16(model: Whisper) -> Whisper:
 
 def _bf16(linear: nn.Linear) -> Bf16Linear:
     return Bf16Linear(linear.weight, linear.bias)
+
+
+class Fp16WeightLinear(nn.Module):
+    """A float32 linear layer whose weight is stored as float16 (fbgemm's packed layout) and
+    widened to float32 inside the product: float32 inputs, products, sums and output.
+
+    Only for weights that float16 holds exactly (Whisper's checkpoints are float16), so it is the
+    same float32 layer in half the memory; a decode step reads its weights once per step, and
+    reading half the bytes makes the few-row products of decoding faster (bench/kernel_probes.py)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        # The bias stays float32 inside the packed layer.
+        bias = None if bias is None else bias.detach().float()
+        self.packed = torch.ops.quantized.linear_prepack_fp16(weight.detach().float(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        return torch.ops.quantized.linear_dynamic_fp16(rows, self.packed).reshape(*x.shape[:-1], self.out_features)
+
+
+def fbgemm_available() -> bool:
+    """fbgemm (x86 only) has the float16-weight product; elsewhere float32 keeps float32 weights."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def holds_exactly_in_float16(t: torch.Tensor) -> bool:
+    return bool(torch.equal(t.to(torch.float16).to(t.dtype), t))
+
+
+def float16_weights(model: Whisper) -> Whisper:
+    """Float32 linear layers with float16 weights (see above), where that loses nothing: layers
+    whose weights float16 does not hold exactly (an int8 checkpoint's dequantized weights, a
+    float32 fine-tune) stay as they are. The token embedding's table, shared with the vocabulary
+    projection, is kept twice in float16 (fbgemm's packed copy cannot be indexed), which is what
+    one float32 table took."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and holds_exactly_in_float16(child.weight):
+                setattr(parent, name, Fp16WeightLinear(child.weight, child.bias))
+    decoder = model.decoder
+    table = decoder.token_embedding.weight
+    if holds_exactly_in_float16(table):
+        decoder.output_projection = Fp16WeightLinear(table, None)
+        decoder.token_embedding.weight = nn.Parameter(table.detach().to(torch.float16), requires_grad=False)
+    return model
