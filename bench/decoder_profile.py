@@ -5,8 +5,8 @@
 Three parts, one run, the packaged model (in float32, or as ``--quantize`` makes it):
 1. The vocabulary projection (the largest matrix product of a decode step) for 1-64 rows, in
    the two float32 forms BLAS can run it: rows @ W.T (the textbook form) and engine/model.py's
-   ``tall_projection``, and the model's own (bfloat16 with ``--quantize bf16``); best of five
-   repeats each.
+   ``tall_projection``, and the model's own (in float32 on x86, fbgemm's product on float16
+   weights: engine/quantize.py; bfloat16 with ``--quantize bf16``); best of five repeats each.
 2. One decoder step's layers for rows reading their own audio, and beams sharing one
    (cross-attention K/V is what a step reads most).
 3. The engine's phase clock (engine/phase_clock.py) over whole requests: the long-form
@@ -51,8 +51,8 @@ def best_ms(fn, repeats: int = 5, calls: int = 10) -> float:
 
 
 def projection_rows(decoder) -> list[dict]:
-    """The float32 forms, and the model's own projection (the same as tall_projection unless
-    --quantize replaced it)."""
+    """The float32 forms, and the model's own projection (tall_projection only where no layer
+    replaced it: engine/quantize.py)."""
     weight = decoder.token_embedding.weight.float()
     rows = []
     for n in PROJECTION_ROWS:
