@@ -26,8 +26,8 @@ from .transcription import Transcriber
 # "bf16": the encoder under bfloat16 autocast and the decoder's linear layers in bfloat16
 # (engine/quantize.py); "int8": dynamic int8 linear layers everywhere (opt-in: a sequence's result
 # then depends on its batch); "none": float32 arithmetic (on x86, on weights kept in float16 where
-# that is exact, as for Whisper's float16 checkpoints: engine/quantize.py). "auto", the default, is bf16 where the CPU multiplies
-# bfloat16 in hardware and none elsewhere (see cpu_has_native_bf16).
+# that is exact, as for Whisper's float16 checkpoints: engine/quantize.py). "auto", the default,
+# is bf16 where the CPU multiplies bfloat16 in hardware and none elsewhere (see cpu_has_native_bf16).
 QUANTIZATIONS = ("auto", "none", "bf16", "int8")
 ENGINES = ("embedded", "sglang")
 DEVICES = ("cpu", "cuda")

@@ -244,7 +244,8 @@ class TextDecoder(nn.Module):
         self.positions = nn.Parameter(torch.zeros(dims.n_text_ctx, d))
         self.layers = nn.ModuleList(DecoderLayer(d, dims.n_text_head) for _ in range(dims.n_text_layer))
         self.ln = nn.LayerNorm(d)
-        # Set by quantization: a (quantized) linear layer standing in for the tied projection.
+        # Set by engine/quantize.py: a linear layer in another precision or storage (int8, bfloat16,
+        # float16-stored weights) standing in for the tied projection.
         self.output_projection: nn.Module | None = None
 
     def forward(self, tokens, positions, caches, cross, attn_mask, shared: SharedAudio | None = None) -> torch.Tensor:
@@ -279,7 +280,7 @@ class TextDecoder(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.reshape(-1, hidden.shape[-1])
-        if self.output_projection is not None:  # quantized linear layers want 2-D input
+        if self.output_projection is not None:  # its layers take 2-D input
             return self.output_projection(rows).reshape(*hidden.shape[:-1], -1)
         return tall_projection(self.token_embedding.weight, rows).reshape(*hidden.shape[:-1], -1)
 
