@@ -2,11 +2,12 @@
 
     python -m bench.kernel_probes [--threads 2] [--out bench/results/kernel-probes-DATE.json]
 
-Four probes, one run, the packaged model's shapes (float32):
+Five probes, one run, the packaged model's shapes (float32):
 1. The encoder with torch's dynamic int8 linear layers (per-channel weights, one activation
    scale per tensor) against float32 on one 30 s window: time, the output's relative error,
    and whether a window gives the same output alone and beside another (per-tensor scales:
-   it need not).
+   it need not). The same with one activation scale per row (``RowScaledInt8Linear`` below),
+   which cannot depend on the batch, and with float16-stored weights (the float32 default).
 2. ``torch._int_mm`` (int8 x int8 -> exact int32 sums, what a per-row int8 scheme whose result
    cannot depend on the batch would run on) against the float32 product of the same shapes.
 3. The decoder's cross-attention products over 7 windows' K/V, for 1 query a window (greedy)
@@ -16,7 +17,11 @@ Four probes, one run, the packaged model's shapes (float32):
    result is the same alone as among the seven.
 4. fbgemm's float32 product with float16-stored weights (what float32 runs on, engine/quantize.py)
    against float32 BLAS, at the shapes of decoding (1-40 rows) and of the encoder (1500 rows),
-   with the largest difference between the two.
+   with the largest difference between the two. And the vocabulary projection with one int8
+   activation scale per row, its time and relative error.
+5. The cross-attention K/V stored in float16 (half the largest float32 cache), read by the
+   fused kernel and by fbgemm's float16-weight product (K and V^T of each head packed as the
+   "weights"), against today's float32 products over the same 8 windows, 1 query a window.
 Best of five repeats each. Absolute times on a shared machine are noisy; compare rows of one run.
 """
 
@@ -56,6 +61,46 @@ def best_ms(fn, repeats: int = 5) -> float:
     return round(best * 1000, 2)
 
 
+class RowScaledInt8Linear(torch.nn.Module):
+    """int8 with one activation scale per row on torch's dynamic int8 kernel (fbgemm), which
+    takes one scale per tensor: each row is divided by its largest magnitude, and one extra row
+    [1, -1, 0, ...] pins the tensor's range to [-1, 1], so the kernel's single scale is the same
+    for every batch and each row's step is its own. int8 sums are exact and the kernel's
+    rescaling is per element, so a row's output cannot depend on the rows beside it. Only a
+    probe: the engine does not use it (docs/performance.md says why)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        w = weight.detach().float()
+        scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
+        zero_points = torch.zeros(w.shape[0], dtype=torch.long)
+        self.packed = torch.ops.quantized.linear_prepack(
+            torch.quantize_per_channel(w, scales, zero_points, 0, torch.qint8), None)
+        self.bias = None if bias is None else bias.detach().float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        n = rows.shape[0]
+        largest = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+        scaled = torch.zeros(n + 1, rows.shape[1])
+        torch.div(rows, largest, out=scaled[:n])
+        scaled[n, 0], scaled[n, 1] = 1.0, -1.0
+        # reduce_range: 7-bit activations, as AVX2 without VNNI needs to keep int16 pair sums from saturating
+        out = torch.ops.quantized.linear_dynamic(scaled, self.packed, True)[:n] * largest
+        out = out if self.bias is None else out + self.bias
+        return out.reshape(*x.shape[:-1], -1)
+
+
+def _with_linear_layers(module: torch.nn.Module, make) -> torch.nn.Module:
+    """A copy of ``module`` whose nn.Linear layers are ``make(weight, bias)``."""
+    module = copy.deepcopy(module)
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, make(child.weight, child.bias))
+    return module
+
+
 def encoder_int8(model) -> dict:
     audio = np.zeros(30 * SAMPLE_RATE, np.float32)
     clip = load_clip("en", "quick_brown_fox")
@@ -66,11 +111,17 @@ def encoder_int8(model) -> dict:
         warnings.simplefilter("ignore")  # the deprecation notice of torch.ao.quantization
         qconfig = {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
         int8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(encoder), qconfig, dtype=torch.qint8)
-    reference, quantized = encoder(mel), int8(mel)
-    beside_another = int8(torch.cat([mel, mel.flip(-1)]))[:1]
-    return {"float32_ms": best_ms(lambda: encoder(mel)), "int8_ms": best_ms(lambda: int8(mel)),
-            "int8_relative_error": round(float((quantized - reference).norm() / reference.norm()), 4),
-            "int8_same_beside_another_window": bool(torch.equal(beside_another, quantized))}
+    row_int8 = _with_linear_layers(encoder, RowScaledInt8Linear)
+    float16 = _with_linear_layers(encoder, Fp16WeightLinear)
+    reference = encoder(mel)
+    report = {"float32_ms": best_ms(lambda: encoder(mel)), "float16_weights_ms": best_ms(lambda: float16(mel))}
+    for name, variant in (("int8", int8), ("int8_per_row", row_int8)):
+        out = variant(mel)
+        beside_another = variant(torch.cat([mel, mel.flip(-1)]))[:1]
+        report |= {f"{name}_ms": best_ms(lambda: variant(mel)),
+                   f"{name}_relative_error": round(float((out - reference).norm() / reference.norm()), 4),
+                   f"{name}_same_beside_another_window": bool(torch.equal(beside_another, out))}
+    return report
 
 
 def int_products() -> list[dict]:
@@ -92,10 +143,15 @@ def float16_weight_products(model) -> list[dict]:
     for m, k, n in FLOAT16_WEIGHT_SHAPES:
         w, x = weights[(k, n)].float(), torch.randn(m, k)
         stored_float16 = Fp16WeightLinear(w, None)  # the engine's own layer
-        difference = (stored_float16(x) - x @ w.T).abs().max()
-        rows.append({"shape": [m, k, n], "float32_ms": best_ms(lambda: x @ w.T),
-                     "float16_weights_ms": best_ms(lambda: stored_float16(x)),
-                     "max_difference": float(difference)})
+        reference = x @ w.T
+        row = {"shape": [m, k, n], "float32_ms": best_ms(lambda: x @ w.T),
+               "float16_weights_ms": best_ms(lambda: stored_float16(x)),
+               "max_difference": float((stored_float16(x) - reference).abs().max())}
+        if n == model.dims.n_vocab:
+            row_int8 = RowScaledInt8Linear(w, None)
+            row |= {"int8_per_row_ms": best_ms(lambda: row_int8(x)),
+                    "int8_per_row_relative_error": round(float((row_int8(x) - reference).norm() / reference.norm()), 4)}
+        rows.append(row)
     return rows
 
 
@@ -131,6 +187,39 @@ def cross_attention_layouts(dims) -> list[dict]:
     return rows
 
 
+def float16_audio_cache(dims) -> dict:
+    heads, frames = dims.n_text_head, dims.n_audio_ctx
+    head_dim = dims.n_text_state // heads
+    windows = 8
+    k, v = torch.randn(windows, heads, frames, head_dim), torch.randn(windows, heads, frames, head_dim)
+    q = torch.randn(windows, heads, 1, head_dim)
+    k16, v16 = k.half(), v.half()
+    prepack = torch.ops.quantized.linear_prepack_fp16
+    product = torch.ops.quantized.linear_dynamic_fp16
+    packed = [[(prepack(k[w, h] * head_dim ** -0.5, None), prepack(v[w, h].T.contiguous(), None))
+               for h in range(heads)] for w in range(windows)]
+
+    def per_head_fbgemm():
+        out = torch.empty_like(q)
+        for w in range(windows):
+            for h in range(heads):
+                keys, values_t = packed[w][h]
+                out[w, h] = product(product(q[w, h], keys).softmax(dim=-1), values_t)
+        return out
+
+    def fused():
+        return F.scaled_dot_product_attention(q.half(), k16, v16).float()
+
+    reference = _attention(q, k, v)
+    return {"windows": windows, "queries_per_window": 1, "one_layer": True,
+            "float32_ms": best_ms(lambda: _attention(q, k, v)),
+            "float16_fused_ms": best_ms(fused),
+            "float16_fused_relative_error": round(float((fused() - reference).norm() / reference.norm()), 6),
+            "float16_per_head_fbgemm_ms": best_ms(per_head_fbgemm),
+            "float16_per_head_fbgemm_relative_error":
+                round(float((per_head_fbgemm() - reference).norm() / reference.norm()), 6)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
@@ -143,7 +232,8 @@ def main() -> None:
                   "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                   "encoder_int8": encoder_int8(model), "int_mm": int_products(),
                   "cross_attention": cross_attention_layouts(model.dims),
-                  "float16_weights": float16_weight_products(model)}
+                  "float16_weights": float16_weight_products(model),
+                  "float16_audio_cache": float16_audio_cache(model.dims)}
     args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     print(f"\nwritten to {args.out}")
