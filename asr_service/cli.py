@@ -88,7 +88,7 @@ def _add_engine_args(add) -> None:
     add("--threads", type=int, help="torch threads (default: all cores)")
     add("--max-batch-size", type=int, default=RuntimeSettings.max_batch_size,
         help="sequences decoded together (each beam of a search is one)")
-    add("--max-audio-windows", type=int, default=8,
+    add("--max-audio-windows", type=int, default=RuntimeSettings.max_audio_windows,
         help="30 s windows decoded at once (each holds its cross-attention K/V: for whisper-base 18 MB in bf16, "
              "37 MB in float32); the beams of a search share one")
     add("--quantize", choices=QUANTIZATIONS, default="auto", help=QUANTIZE_HELP)

@@ -42,8 +42,10 @@ class RuntimeSettings:
     device: str | None = None  # None: cuda when torch sees a GPU, else cpu
     quantize: str = "auto"  # see QUANTIZATIONS
     threads: int | None = None  # torch threads (None: all cores)
-    max_batch_size: int = 40  # sequences the embedded engine decodes together (8 beam searches of 5)
-    max_audio_windows: int = 8  # encoded windows whose cross-attention K/V it holds at once
+    max_batch_size: int = 40  # sequences the embedded engine decodes together (each beam of a search is one)
+    # Encoded windows whose cross-attention K/V it holds at once: on the CPU, where the encoder
+    # bounds throughput, 6 decode as fast as 8 in less memory (docs/performance.md, "Memory").
+    max_audio_windows: int = 6
     sglang_urls: tuple[str, ...] = ()
     sglang_retry_after_s: float = 2.0  # a failed SGLang server is left out this long (doubling)
 

@@ -24,6 +24,7 @@ import threading
 import numpy as np
 import torch
 
+from ..heap import return_freed_memory
 from .beam_search import BeamGroup
 from .encoder_cache import EncoderCache
 from .features import log_mel_spectrogram
@@ -346,6 +347,10 @@ class BatchEngine:
                 if seq.audio_slot == last:
                     seq.audio_slot = audio
         self._audio_readers.pop()
+        # A window's end is a natural point to hand the heap's free pages back: the steps since the
+        # last one freed their logits and activations in between live blocks, pages glibc keeps
+        # resident until asked. A few milliseconds a window (docs/performance.md, "Memory").
+        return_freed_memory()
 
     def _record_cross_attention(self, seq: DecodingSequence, all_tokens: list[int]) -> None:
         """While the sequence's audio slot still holds the audio's K/V: the alignment heads'
