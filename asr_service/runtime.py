@@ -148,7 +148,7 @@ def build_runtime(settings: RuntimeSettings = RuntimeSettings()) -> Runtime:
         from .engine.quantize import fbgemm_available, float16_weights
 
         if fbgemm_available():
-            float16_weights(loaded.model)
+            float16_weights(loaded.model, loaded.mapped_float16_token_rows)
             return_freed_memory()  # the float32 weights that float16 copies replaced
     # Threads: all cores by default; more processes or threads than cores only add contention.
     batch = BatchEngine(loaded.model, max_batch_size=s.max_batch_size, max_audio_windows=s.max_audio_windows,

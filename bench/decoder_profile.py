@@ -29,6 +29,7 @@ import soundfile as sf
 import torch
 
 from asr_service.engine.model import SharedAudio, tall_projection
+from asr_service.model_loading import load_model
 from asr_service.runtime import QUANTIZATIONS, RuntimeSettings, build_runtime
 from asr_service.transcription import TranscriptionOptions
 from support.clips import all_clips, load_clip
@@ -50,10 +51,9 @@ def best_ms(fn, repeats: int = 5, calls: int = 10) -> float:
     return round(best * 1000, 2)
 
 
-def projection_rows(decoder) -> list[dict]:
-    """The float32 forms, and the model's own projection (tall_projection only where no layer
-    replaced it: engine/quantize.py)."""
-    weight = decoder.token_embedding.weight.float()
+def projection_rows(decoder, weight: torch.Tensor) -> list[dict]:
+    """The float32 forms over ``weight`` (the table in float32), and the model's own projection
+    (tall_projection only where no layer replaced it: engine/quantize.py)."""
     rows = []
     for n in PROJECTION_ROWS:
         hidden = torch.randn(n, weight.shape[1])
@@ -117,7 +117,7 @@ def main() -> None:
     with torch.inference_mode():
         report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "threads": args.threads,
                   "quantize": args.quantize,
-                  "projection": projection_rows(decoder),
+                  "projection": projection_rows(decoder, load_model().model.decoder.token_embedding.weight),
                   "decoder_step": decoder_step_rows(decoder, rt.engine.dims)}
     report["requests"] = asyncio.run(request_rows(rt))
     rt.close()

@@ -163,6 +163,8 @@ async def test_float32_on_float16_stored_weights_decodes_as_on_float32_weights(r
     rt = runtime_of("none")
     dims = rt.loaded.model.dims  # every linear layer: 4 an encoder layer, 7 a decoder layer, the projection
     assert sum(isinstance(m, Fp16WeightLinear) for m in rt.loaded.model.modules()) == 4 * dims.n_audio_layer + 7 * dims.n_text_layer + 1
+    # Lookups read the token table mapped from the model file: the weights held in memory once.
+    assert rt.loaded.model.decoder.token_embedding.row_bytes.data_ptr() == rt.loaded.mapped_float16_token_rows.data_ptr()
     plain = BatchEngine(load_model().model, max_batch_size=16, threads=2)
     try:
         kinds = [rt.adapter.build_fused_autodetect_params(), rt.adapter.build_fused_autodetect_params(timestamps=True)]

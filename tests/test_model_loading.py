@@ -63,6 +63,17 @@ def test_ctranslate2_directory_loads_the_same_weights(tmp_path, packaged):
     for name, tensor in loaded.model.state_dict().items():
         assert torch.equal(tensor, ours[name]), name
     assert loaded.alignment_heads == packaged.alignment_heads
+    # The token table is mapped from the one file as from the two parts of the packaged model.
+    assert torch.equal(loaded.mapped_float16_token_rows, packaged.mapped_float16_token_rows)
+
+
+def test_packaged_token_table_is_mapped_from_its_file(packaged):
+    """The bytes of the float16 token table, mapped from model.bin (float32 on float16 weights
+    looks tokens up there, engine/quantize.py), are the checkpoint's table."""
+    rows = packaged.mapped_float16_token_rows
+    table = packaged.model.decoder.token_embedding.weight
+    assert rows is not None and rows.dtype == torch.uint8 and rows.shape == (table.shape[0], 2 * table.shape[1])
+    assert torch.equal(rows.clone().view(torch.float16).float(), table)  # cloned: an aligned copy to read
 
 
 def test_hf_directory_loads_and_our_model_matches_transformers(tmp_path, runtime, packaged):

@@ -65,7 +65,8 @@ def test_float16_weights_replace_exactly_the_layers_float16_holds():
     assert layer.mlp.fc2(rows).dtype == torch.float32
     assert torch.allclose(layer.mlp.fc2(rows), expected, rtol=1e-6, atol=1e-5)
     # The table serves lookups in float16 (exactly its values) and the projection from fbgemm.
-    assert model.decoder.token_embedding.weight.dtype == torch.float16
-    assert torch.equal(model.decoder.token_embedding.weight.float(), table)
+    tokens = torch.tensor([[0, 7, 99], [3, 3, 50]])
+    looked_up = model.decoder.token_embedding(tokens)
+    assert looked_up.dtype == torch.float16 and torch.equal(looked_up.float(), table[tokens])
     hidden = torch.randn(3, 32, generator=generator)
     assert torch.allclose(model.decoder.logits(hidden), hidden @ table.T, rtol=1e-6, atol=1e-5)

@@ -245,7 +245,8 @@ class TextDecoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(d, dims.n_text_head) for _ in range(dims.n_text_layer))
         self.ln = nn.LayerNorm(d)
         # Set by engine/quantize.py: a linear layer in another precision or storage (int8, bfloat16,
-        # float16-stored weights) standing in for the tied projection.
+        # float16-stored weights) standing in for the tied projection. With float16-stored weights
+        # it also replaces token_embedding by a lookup-only module (tokens -> float16 rows).
         self.output_projection: nn.Module | None = None
 
     def forward(self, tokens, positions, caches, cross, attn_mask, shared: SharedAudio | None = None) -> torch.Tensor:

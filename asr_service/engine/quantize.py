@@ -148,12 +148,30 @@ def holds_exactly_in_float16(t: torch.Tensor) -> bool:
     return bool(torch.equal(t.to(torch.float16).to(t.dtype), t))
 
 
-def float16_weights(model: Whisper) -> Whisper:
+class Float16TokenRows(nn.Module):
+    """Token embedding lookups from a float16 table held as the bytes of its rows ([vocab, 2 * d]
+    uint8): the checkpoint's table mapped from the model file, whose rows need not start at an
+    even byte, or a float16 copy. A lookup copies the rows it needs into a new (aligned) tensor
+    and reads them as float16. Lookups only: the projection is the decoder's output_projection."""
+
+    def __init__(self, row_bytes: torch.Tensor):
+        super().__init__()
+        self.row_bytes = row_bytes  # an attribute, not a buffer: a mapped file is no model state
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.row_bytes[tokens].view(torch.float16)
+
+
+def float16_weights(model: Whisper, mapped_token_rows: torch.Tensor | None = None) -> Whisper:
     """Float32 linear layers with float16 weights (see above), where that loses nothing: layers
     whose weights float16 does not hold exactly (an int8 checkpoint's dequantized weights, a
-    float32 fine-tune) stay as they are. The token embedding's table, shared with the vocabulary
-    projection, is kept twice in float16 (fbgemm's packed copy cannot be indexed), which is what
-    one float32 table took."""
+    float32 fine-tune) stay as they are.
+
+    The token embedding's table is also the vocabulary projection's, and fbgemm's packed copy
+    cannot be indexed, so lookups need the table a second time. ``mapped_token_rows``, the
+    checkpoint's own float16 rows mapped from the model file (model_loading), serves them with
+    only the rows looked up read into memory, so the weights are held in memory once; without
+    it, lookups read a float16 copy."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and holds_exactly_in_float16(child.weight):
@@ -162,5 +180,8 @@ def float16_weights(model: Whisper) -> Whisper:
     table = decoder.token_embedding.weight
     if holds_exactly_in_float16(table):
         decoder.output_projection = Fp16WeightLinear(table, None)
-        decoder.token_embedding.weight = nn.Parameter(table.detach().to(torch.float16), requires_grad=False)
+        vocab, width = table.shape
+        if mapped_token_rows is None or mapped_token_rows.shape != (vocab, 2 * width):
+            mapped_token_rows = table.detach().to(torch.float16).view(torch.uint8)
+        decoder.token_embedding = Float16TokenRows(mapped_token_rows)
     return model

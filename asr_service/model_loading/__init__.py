@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..engine.model import Whisper, WhisperDims
 from ..heap import return_freed_memory
-from .ctranslate2_format import read_ctranslate2_variables
+from .ctranslate2_format import FileRegion, read_ctranslate2_variables
 from .ctranslate2_whisper import convert_ctranslate2_whisper
 from . import hub
 from .errors import ModelLoadError
@@ -48,6 +49,11 @@ class LoadedModel:
     alignment_heads: list[tuple[int, int]] = field(default_factory=list)
     suppress_ids: list[int] = field(default_factory=list)
     config_dims: WhisperDims | None = None  # the dims when there is no model
+    # The bytes of the token embedding's float16 rows ([vocab, 2 * d] uint8), mapped from the model
+    # file, so only the rows looked up are read into memory: lookups for a float32 engine on
+    # float16-stored weights, whose projection keeps its own packed copy (engine/quantize.py
+    # float16_weights). None where the file does not hold the table in float16 in one piece.
+    mapped_float16_token_rows: torch.Tensor | None = None
 
     @property
     def dims(self) -> WhisperDims:
@@ -67,8 +73,23 @@ def _as_int_list(value) -> list:
     return json.loads(value) if isinstance(value, str) else list(value or [])
 
 
+TOKEN_TABLE = "decoder/embeddings/weight"
+
+
+def _mapped_float16_rows(table: np.ndarray, region: FileRegion | None) -> torch.Tensor | None:
+    """The bytes of ``table``'s rows mapped from its file region, where it is float16 there. Bytes,
+    not float16 values: the table need not start at an even offset (the packaged one starts at
+    byte 187), and a float16 tensor there would be misaligned."""
+    if region is None or table.dtype != np.float16:
+        return None
+    # Copy-on-write ("c"): a writable array for torch, whose pages stay the file's as nothing writes them.
+    mapped = np.memmap(region.path, dtype=np.uint8, mode="c", offset=region.offset,
+                       shape=(table.shape[0], table.shape[1] * table.itemsize))
+    return torch.from_numpy(mapped)
+
+
 def _load_ctranslate2(name: str, bin_parts: list[Path], directory: Path) -> LoadedModel:
-    variables, bf16 = read_ctranslate2_variables([str(p) for p in bin_parts])
+    variables, bf16, regions = read_ctranslate2_variables([str(p) for p in bin_parts])
     dims, sd = convert_ctranslate2_whisper(variables, bf16)
     config = json.loads((directory / "config.json").read_text()) if (directory / "config.json").exists() else {}
     return LoadedModel(
@@ -77,6 +98,7 @@ def _load_ctranslate2(name: str, bin_parts: list[Path], directory: Path) -> Load
         tokenizer_file=_require(directory / "tokenizer.json"),
         alignment_heads=[tuple(h) for h in _as_int_list(config.get("alignment_heads"))],
         suppress_ids=_as_int_list(config.get("suppress_ids")),
+        mapped_float16_token_rows=_mapped_float16_rows(variables[TOKEN_TABLE], regions.get(TOKEN_TABLE)),
     )
 
 

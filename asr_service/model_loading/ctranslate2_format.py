@@ -3,12 +3,17 @@
 The layout is the one written by ctranslate2's ``specs/model_spec.py``:
 u32 version; (version >= 2) spec name + u32 revision; u32 variable count; per variable
 name, rank, shape, dtype, byte count, raw data; then u32 alias count and alias pairs.
+
+Besides the arrays (copies), the reader says where each variable's bytes lie in the files
+(``FileRegion``), so a caller can map a large table from the file instead of holding a copy.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import struct
+from dataclasses import dataclass
 from typing import BinaryIO, Iterable
 
 import numpy as np
@@ -51,29 +56,56 @@ class _ChainedReader(io.RawIOBase):
         super().close()
 
 
-def _read_exact(stream: BinaryIO, n: int) -> bytes:
-    data = stream.read(n)
-    if data is None or len(data) != n:
-        raise ModelLoadError("CTranslate2 model.bin is truncated")
-    return data
+@dataclass(frozen=True)
+class FileRegion:
+    """Where a variable's bytes lie: ``path`` from byte ``offset`` on (all in that one file)."""
+    path: str
+    offset: int
 
 
-def _read_u(stream: BinaryIO, fmt: str) -> int:
-    size = struct.calcsize(fmt)
-    return struct.unpack("<" + fmt, _read_exact(stream, size))[0]
+class _CountingReader:
+    """Exact reads from a stream, counting the bytes read so far."""
+
+    def __init__(self, stream: BinaryIO):
+        self._stream = stream
+        self.position = 0
+
+    def read_exact(self, n: int) -> bytes:
+        data = self._stream.read(n)
+        if data is None or len(data) != n:
+            raise ModelLoadError("CTranslate2 model.bin is truncated")
+        self.position += n
+        return data
 
 
-def _read_name(stream: BinaryIO) -> str:
-    length = _read_u(stream, "H")
-    return _read_exact(stream, length).rstrip(b"\0").decode("utf-8")
+def _read_u(reader: _CountingReader, fmt: str) -> int:
+    return struct.unpack("<" + fmt, reader.read_exact(struct.calcsize(fmt)))[0]
 
 
-def read_ctranslate2_variables(paths: list[str]) -> tuple[dict[str, np.ndarray], set[str]]:
-    """Return ``(variables, bfloat16_names)`` from a model.bin split over ``paths``.
+def _read_name(reader: _CountingReader) -> str:
+    length = _read_u(reader, "H")
+    return reader.read_exact(length).rstrip(b"\0").decode("utf-8")
 
-    Aliases are resolved to the array they point to.
+
+def _region(paths: list[str], sizes: list[int], start: int, nbytes: int) -> FileRegion | None:
+    """The file region of bytes ``start`` .. ``start + nbytes`` of the parts read as one, or None
+    where they straddle two parts."""
+    for path, size in zip(paths, sizes):
+        if start + nbytes <= size:
+            return FileRegion(path, start) if start >= 0 else None
+        start -= size
+    return None
+
+
+def read_ctranslate2_variables(paths: list[str]) -> tuple[dict[str, np.ndarray], set[str], dict[str, FileRegion]]:
+    """Return ``(variables, bfloat16_names, regions)`` from a model.bin split over ``paths``;
+    ``regions`` has each variable that lies whole in one file.
+
+    Aliases are resolved to the array (and region) they point to.
     """
-    reader = io.BufferedReader(_ChainedReader(paths), buffer_size=1 << 20)
+    sizes = [os.path.getsize(p) for p in paths]
+    stream = io.BufferedReader(_ChainedReader(paths), buffer_size=1 << 20)
+    reader = _CountingReader(stream)
     try:
         version = _read_u(reader, "I")
         if version > 10:
@@ -84,6 +116,7 @@ def read_ctranslate2_variables(paths: list[str]) -> tuple[dict[str, np.ndarray],
         count = _read_u(reader, "I")
         variables: dict[str, np.ndarray] = {}
         bf16: set[str] = set()
+        regions: dict[str, FileRegion] = {}
         for _ in range(count):
             name = _read_name(reader)
             rank = _read_u(reader, "B")
@@ -92,7 +125,10 @@ def read_ctranslate2_variables(paths: list[str]) -> tuple[dict[str, np.ndarray],
             nbytes = _read_u(reader, "I")
             if dtype_code not in _DTYPES:
                 raise ModelLoadError(f"unknown dtype code {dtype_code} for {name}")
-            array = np.frombuffer(bytearray(_read_exact(reader, nbytes)), dtype=_DTYPES[dtype_code])
+            region = _region(paths, sizes, reader.position, nbytes)
+            if region is not None:
+                regions[name] = region
+            array = np.frombuffer(bytearray(reader.read_exact(nbytes)), dtype=_DTYPES[dtype_code])
             variables[name] = array.reshape(shape)
             if dtype_code == BFLOAT16_CODE:
                 bf16.add(name)
@@ -101,8 +137,10 @@ def read_ctranslate2_variables(paths: list[str]) -> tuple[dict[str, np.ndarray],
                 alias, target = _read_name(reader), _read_name(reader)
                 if target in variables:
                     variables[alias] = variables[target]
+                    if target in regions:
+                        regions[alias] = regions[target]
                     if target in bf16:
                         bf16.add(alias)
-        return variables, bf16
+        return variables, bf16, regions
     finally:
-        reader.close()
+        stream.close()
