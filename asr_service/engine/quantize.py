@@ -27,7 +27,9 @@ products, sums and outputs stay float32, so it is float32 inference on the same 
 their memory, and the few-row products of decoding, which are bound by reading weights, go
 faster (bench/kernel_probes.py). Like float32 BLAS, fbgemm rounds a row's sums in another order
 for some row counts (its kernels for one and two rows differ from the rest), so a sequence keeps
-its tokens in any batch (tests/test_engine.py), not every last digit.
+its tokens in any batch (tests/test_engine.py), not every last digit. Token lookups, which the
+packed copy cannot serve, read the checkpoint's float16 rows mapped from its file where the loader
+found them there (Float16TokenRows), so the weights are held in memory once.
 """
 
 from __future__ import annotations
