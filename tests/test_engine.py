@@ -90,6 +90,29 @@ async def test_windows_past_the_cap_wait_and_decode_the_same(runtime):
         capped.shutdown()
 
 
+async def test_the_engine_keeps_its_thread_count_whatever_other_threads_set(runtime):
+    """torch gives a thread the process-wide count when the thread first runs a kernel, and
+    set_num_threads on any thread changes that count (the speech gate's one-thread scans do).
+    An engine whose first work comes while another thread has set one thread still runs on
+    the count it was built with."""
+    import threading
+
+    from asr_service.engine.batch_engine import BatchEngine
+
+    main_count = torch.get_num_threads()
+    engine = BatchEngine(runtime.loaded.model, max_batch_size=2, threads=2, encoder_dtype=runtime.engine.encoder_dtype)
+    other = threading.Thread(target=torch.set_num_threads, args=(1,))
+    other.start()
+    other.join()
+    try:
+        result = await engine.submit(load_clip("en", "hello_world"), runtime.adapter.build_fused_autodetect_params()).collect()
+        assert result.finish_reason == "stop"
+        assert engine.figures().threads == 2
+    finally:
+        torch.set_num_threads(main_count)
+        engine.shutdown()
+
+
 # Clips of several lengths and languages, for the batch-independence checks below.
 BATCH_CLIPS = [("en", "quick_brown_fox"), ("fr", "pangrama"), ("en", "counting"), ("pt", "pangrama"),
                ("ja", "pangrama"), ("en", "hello_world")]

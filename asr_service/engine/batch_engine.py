@@ -64,8 +64,11 @@ class BatchEngine:
         self.max_batch_size = max_batch_size
         self.max_encode_batch = max_encode_batch
         self.max_audio_windows = min(max_audio_windows or max_batch_size, max_batch_size)
-        if threads:
-            torch.set_num_threads(threads)
+        # Set here for the threads that start after the engine, and again on the engine's own
+        # thread as it starts (_run): see there.
+        self.threads = threads or torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        self._running_threads: int | None = None  # the engine thread's count, read at each admission
         self._pending: collections.deque[DecodingSequence] = collections.deque()
         self._active: list[DecodingSequence] = []  # row i of the caches is _active[i]
         self._audio_readers: list[int] = []  # audio slot i of the caches is read by this many rows
@@ -108,7 +111,7 @@ class BatchEngine:
         return EngineFigures(active_sequences=len(self._active), queued_sequences=len(self._pending),
                              submitted_sequences=self.submitted_total, cancelled_sequences=self.cancelled_total,
                              tokens=self.tokens_total, steps=self.steps, batch_sizes=dict(self.batch_sizes),
-                             phase_seconds=self.clock.seconds())
+                             phase_seconds=self.clock.seconds(), threads=self._running_threads)
 
     @property
     def encoder_windows(self) -> int:
@@ -129,6 +132,15 @@ class BatchEngine:
 
     # ---- the engine thread ----
     def _run(self) -> None:
+        # torch keeps a thread count per OS thread, which a thread takes from the process-wide
+        # count the first time it asks for it (its first parallel kernel, or get_num_threads),
+        # overwriting what set_num_threads set on it before; and set_num_threads on any thread
+        # changes the process-wide count. The speech gate scans with one thread on its own
+        # (speech_gate.py), so an engine whose first kernel ran during a scan kept one thread
+        # for good (measured: every encoder pass of a long file at 1.2 s instead of 0.6). So:
+        # first torch's own initialisation, then the engine's count, on the engine's thread.
+        torch.get_num_threads()
+        torch.set_num_threads(self.threads)
         while (admitted := self._next_admissions()) is not None:
             try:
                 with torch.inference_mode():
@@ -175,6 +187,7 @@ class BatchEngine:
                 return self.model.encoder(mel).to(self.dtype)
 
     def _admit(self, seqs: list[DecodingSequence]) -> None:
+        self._running_threads = torch.get_num_threads()
         first = len(self._active)
         self._slots.ensure(first + len(seqs), max(len(s.tokens) for s in seqs), in_use=first)
         self._slots.clear_rows(first, len(seqs))

@@ -29,6 +29,7 @@ class EngineFigures:
     # Where the engine thread's time went, in seconds per phase (embedded; see ENGINE_PHASES).
     phase_seconds: dict[str, float] | None = None
     backends: list[dict] | None = None  # each SGLang server's state (SGLang)
+    threads: int | None = None  # torch threads the engine thread's kernels run on (embedded)
 
 
 # The embedded engine's phases, timed on its thread: encoder passes (with the log-mel), the
