@@ -104,7 +104,7 @@ class SpeechGate:
         heard = torch.zeros(len(starts), steps, FRAME)
         heard[inside] = by_frame[index[inside]]
         probabilities = torch.empty(len(starts), steps)
-        with self._lock, torch.inference_mode(), _one_thread():
+        with self._lock, torch.inference_mode(), one_torch_thread():
             self._model.reset_states()
             for step in range(steps):
                 probabilities[:, step] = self._model(heard[:, step], SAMPLE_RATE)[:, 0]
@@ -119,7 +119,7 @@ class SpeechGate:
         threshold = self.threshold if threshold is None else threshold
         audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
         run = 0
-        with self._lock, torch.inference_mode(), _one_thread():
+        with self._lock, torch.inference_mode(), one_torch_thread():
             self._model.reset_states()
             for start in range(0, audio.shape[0] - FRAME + 1, FRAME):
                 if float(self._model(audio[start : start + FRAME], SAMPLE_RATE)) >= threshold:
@@ -132,10 +132,13 @@ class SpeechGate:
 
 
 @contextlib.contextmanager
-def _one_thread():
+def one_torch_thread():
     """Run Silero's small per-frame ops on the calling thread alone. Called from a worker thread
-    (the gate's own), torch otherwise starts a second thread team next to the engine's and the
-    scan runs several times slower; the setting is the calling thread's, and is restored."""
+    (the gate's own, or a realtime session's), torch otherwise starts a second thread team next
+    to the engine's, whose threads spin between the tiny ops (a scan runs several times slower;
+    a realtime session's VAD took twice the CPU). The setting is the calling thread's, and is
+    restored; the process-wide count it also sets meanwhile is why the engine sets its own
+    (batch_engine.BatchEngine._run)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

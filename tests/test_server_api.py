@@ -71,6 +71,7 @@ def test_health_was_503_until_warm_then_200(server):
     assert 503 in server.health_statuses, server.health_statuses
     health = httpx.get(server.url + "/health").json()
     assert len(health["warmup_variants"]) == 8
+    assert health["threads"] == 2  # --threads, on the engine's own thread (warmup made it run)
 
 
 def test_models_lists_the_served_name(client):

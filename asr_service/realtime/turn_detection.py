@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..pcm import SAMPLE_RATE
+from ..speech_gate import one_torch_thread
 
 FRAME = 512  # samples per Silero step at 16 kHz
 
@@ -66,7 +67,7 @@ class TurnDetector:
         whole = audio.shape[0] - audio.shape[0] % FRAME
         self._carry = audio[whole:].copy()
         found = []
-        with torch.inference_mode():
+        with torch.inference_mode(), one_torch_thread():
             frames = torch.from_numpy(np.ascontiguousarray(audio[:whole], dtype=np.float32))
             for start in range(0, whole, FRAME):
                 event = self._iterator(frames[start : start + FRAME])
