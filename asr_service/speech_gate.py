@@ -135,9 +135,9 @@ class SpeechGate:
 def one_torch_thread():
     """Run Silero's small per-frame ops on the calling thread alone. Called from a worker thread
     (the gate's own, or a realtime session's), torch otherwise starts a second thread team next
-    to the engine's, whose threads spin between the tiny ops (a scan runs several times slower;
-    a realtime session's VAD took twice the CPU). The setting is the calling thread's, and is
-    restored; the process-wide count it also sets meanwhile is why the engine sets its own
+    to the engine's, whose threads spin between the tiny ops: a scan runs several times slower
+    and burns a second core. The setting is the calling thread's, and is restored; the
+    process-wide count it also sets meanwhile is why the engine sets its own
     (batch_engine.BatchEngine._run)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -136,9 +136,9 @@ class BatchEngine:
         # count the first time it asks for it (its first parallel kernel, or get_num_threads),
         # overwriting what set_num_threads set on it before; and set_num_threads on any thread
         # changes the process-wide count. The speech gate scans with one thread on its own
-        # (speech_gate.py), so an engine whose first kernel ran during a scan kept one thread
-        # for good (measured: every encoder pass of a long file at 1.2 s instead of 0.6). So:
-        # first torch's own initialisation, then the engine's count, on the engine's thread.
+        # (speech_gate.py), so an engine whose first kernel ran during a scan (a long file as
+        # the first request) would keep one thread for good. So: first torch's own
+        # initialisation, then the engine's count, on the engine's thread.
         torch.get_num_threads()
         torch.set_num_threads(self.threads)
         while (admitted := self._next_admissions()) is not None:
