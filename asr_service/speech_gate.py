@@ -32,6 +32,7 @@ from .pcm import SAMPLE_RATE
 FRAME = 512  # samples per Silero step at 16 kHz
 STREAM_FRAMES = 156  # ~5 s per parallel stream of speech_regions' scan
 WARM_UP_FRAMES = 125  # ~4 s heard by each stream before its own frames
+SCAN_STREAMS = 128  # streams scanned together (~10 minutes of audio): bounds the scan's memory
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class VadSettings:
 
 
 class SpeechGate:
-    def __init__(self, threshold: float = 0.5, min_speech_seconds: float = 0.25):
+    def __init__(self, threshold: float = 0.5, min_speech_seconds: float = 0.25, streams_per_scan: int = SCAN_STREAMS):
         threads = torch.get_num_threads()
         from silero_vad import load_silero_vad  # its import sets torch's thread count to 1
 
@@ -64,6 +65,7 @@ class SpeechGate:
             self._model = load_silero_vad()
         self.threshold = threshold
         self._min_frames = max(1, round(min_speech_seconds * SAMPLE_RATE / FRAME))
+        self.streams_per_scan = streams_per_scan
         self._lock = threading.Lock()  # the model carries recurrent state between frames
         # Callers on an event loop run the gate's scans here: one model, so one thread, of its
         # own, so the scans neither wait behind nor take the threads that other work uses.
@@ -90,25 +92,23 @@ class SpeechGate:
 
     def _frame_probabilities(self, samples: np.ndarray) -> list[float]:
         """Silero's speech probability for every frame (the last one zero-padded), scanned as
-        parallel streams (module docstring)."""
-        frames = -(-len(samples) // FRAME)
-        padded = np.zeros(frames * FRAME, dtype=np.float32)
-        padded[: len(samples)] = samples
-        by_frame = torch.from_numpy(padded).view(frames, FRAME)
-        starts = torch.arange(0, frames, STREAM_FRAMES)
-        # Row b of `heard` is stream b's input: the frames from WARM_UP_FRAMES before its start on
-        # (frames outside the audio stay silent).
+        parallel streams (module docstring), ``streams_per_scan`` at a time. Each scan's input
+        is overlapping views into one copy of its stretch of audio, so what a scan holds beyond
+        the file is bounded by that stretch, not by the file's length (uploads may be hours)."""
+        audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+        frames = -(-audio.shape[0] // FRAME)
+        block = self.streams_per_scan * STREAM_FRAMES
         steps = WARM_UP_FRAMES + STREAM_FRAMES
-        index = starts[:, None] - WARM_UP_FRAMES + torch.arange(steps)[None, :]
-        inside = (index >= 0) & (index < frames)
-        heard = torch.zeros(len(starts), steps, FRAME)
-        heard[inside] = by_frame[index[inside]]
-        probabilities = torch.empty(len(starts), steps)
+        probabilities = []
         with self._lock, torch.inference_mode(), one_torch_thread():
-            self._model.reset_states()
-            for step in range(steps):
-                probabilities[:, step] = self._model(heard[:, step], SAMPLE_RATE)[:, 0]
-        return probabilities[:, WARM_UP_FRAMES:].flatten()[:frames].tolist()
+            for first in range(0, frames, block):
+                heard = _stream_inputs(audio, first, min(frames, first + block))
+                scanned = torch.empty(heard.shape[0], steps)
+                self._model.reset_states()
+                for step in range(steps):
+                    scanned[:, step] = self._model(heard[:, step], SAMPLE_RATE)[:, 0]
+                probabilities.append(scanned[:, WARM_UP_FRAMES:].flatten())
+        return torch.cat(probabilities)[:frames].tolist() if probabilities else []
 
     def has_speech(self, samples: np.ndarray, threshold: float | None = None) -> bool:
         return self.speech_start(samples, threshold) is not None
@@ -129,6 +129,20 @@ class SpeechGate:
                 else:
                     run = 0
         return None
+
+
+def _stream_inputs(audio: torch.Tensor, first: int, end: int) -> torch.Tensor:
+    """[streams, WARM_UP_FRAMES + STREAM_FRAMES, FRAME]: the input of the streams that start at
+    frames ``first``, ``first + STREAM_FRAMES``, ... before ``end``; row b holds the frames from
+    WARM_UP_FRAMES before stream b's start on, silent outside the audio (its last frame
+    zero-padded). The rows are overlapping views of one copy of that stretch of audio."""
+    streams = -(-(end - first) // STREAM_FRAMES)
+    steps = WARM_UP_FRAMES + STREAM_FRAMES
+    span_start = (first - WARM_UP_FRAMES) * FRAME  # in samples; before the audio's start: silence
+    span = torch.zeros((WARM_UP_FRAMES + streams * STREAM_FRAMES) * FRAME)
+    low, high = max(0, span_start), min(audio.shape[0], span_start + span.shape[0])
+    span[low - span_start : high - span_start] = audio[low:high]
+    return span.unfold(0, steps * FRAME, STREAM_FRAMES * FRAME).unflatten(1, (steps, FRAME))
 
 
 @contextlib.contextmanager

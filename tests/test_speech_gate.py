@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from asr_service.speech_gate import FRAME, STREAM_FRAMES, SpeechGate
+from asr_service.speech_gate import FRAME, STREAM_FRAMES, WARM_UP_FRAMES, SpeechGate, _stream_inputs
 from support.clips import all_clips, load_clip
 
 pytestmark = pytest.mark.model
@@ -34,6 +34,46 @@ def test_parallel_scan_finds_the_regions_a_sequential_scan_finds():
     assert len(parallel) == len(sequential) >= 8
     for (start, end), (want_start, want_end) in zip(parallel, sequential):
         assert abs(start - want_start) <= 3 * FRAME and abs(end - want_end) <= 3 * FRAME
+
+
+def test_a_file_scanned_a_few_streams_at_a_time_gives_the_regions_of_one_scan():
+    """Long files are scanned a block of streams at a time so that the scan's memory does not
+    grow with the file: blocks of one, two or three streams find the regions one scan of every
+    stream finds, with every frame's probability within float rounding (the batch differs)."""
+    rng = np.random.default_rng(1)
+    parts = []
+    for i, (lang, name) in enumerate(all_clips()[:8]):
+        parts += [np.zeros(int([0.6, 2.0, 1.0][i % 3] * SR), np.float32), load_clip(lang, name)]
+    audio = np.concatenate(parts) + (0.003 * rng.standard_normal(sum(p.shape[0] for p in parts))).astype(np.float32)
+    assert audio.shape[0] > 5 * STREAM_FRAMES * FRAME  # several blocks, the last one partial
+
+    whole = SpeechGate(streams_per_scan=1000)
+    want = whole._frame_probabilities(audio)
+    for streams in (1, 2, 3):
+        gate = SpeechGate(streams_per_scan=streams)
+        got = gate._frame_probabilities(audio)
+        assert len(got) == len(want) == -(-audio.shape[0] // FRAME)
+        assert np.abs(np.array(got) - np.array(want)).max() < 1e-4
+        assert gate.speech_regions(audio, 0.5) == whole.speech_regions(audio, 0.5)
+
+
+def test_the_streams_of_a_scan_read_one_copy_of_its_audio():
+    """Each stream's input (its warm-up and its frames) is a view into one copy of the block's
+    stretch of audio, silent before the audio's start and past its end."""
+    audio = torch.arange(10 * STREAM_FRAMES * FRAME + 100, dtype=torch.float32)
+    frames = -(-audio.shape[0] // FRAME)
+    heard = _stream_inputs(audio, 4 * STREAM_FRAMES, frames)
+    steps = WARM_UP_FRAMES + STREAM_FRAMES
+    assert heard.shape == (7, steps, FRAME)
+    assert heard.untyped_storage().nbytes() == (WARM_UP_FRAMES + 7 * STREAM_FRAMES) * FRAME * 4
+    for b in range(7):
+        start = (4 * STREAM_FRAMES + b * STREAM_FRAMES - WARM_UP_FRAMES) * FRAME
+        inside = audio[start : start + steps * FRAME]
+        assert torch.equal(heard[b].flatten()[: inside.shape[0]], inside)
+        assert not heard[b].flatten()[inside.shape[0] :].any()  # past the end: silence
+    first = _stream_inputs(audio, 0, STREAM_FRAMES)[0].flatten()
+    assert not first[: WARM_UP_FRAMES * FRAME].any()  # before the start: silence
+    assert torch.equal(first[WARM_UP_FRAMES * FRAME :], audio[: STREAM_FRAMES * FRAME])
 
 
 def test_regions_of_audio_shorter_than_a_frame_and_of_silence():
