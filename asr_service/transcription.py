@@ -152,6 +152,7 @@ class ChunkOutcome:
     language_probs: dict[str, float]
     parsed: ParsedOutput
     figures: DecodeFigures
+    words: list[Word] = field(default_factory=list)  # with word_timestamps: timed within the chunk
 
 
 @dataclass(frozen=True)
@@ -591,7 +592,12 @@ class Transcriber:
             parsed=parsed.failure is None,
         )
         probs = adapter.language_probabilities(result.probe_probs, options.candidate_languages)
-        return ChunkOutcome(chunk, params, result, probs, parsed, figures)
+        words = self._words(chunk, params, result, parsed)
+        # The alignment heads' attention (heads x tokens x 1500 frames, megabytes a window) is
+        # only there for the word times: dropped now, not held for every window of a long file
+        # until the response is assembled.
+        result.cross_attention = None
+        return ChunkOutcome(chunk, params, result, probs, parsed, figures, words)
 
     @staticmethod
     def _kept_text(piece: ChunkOutcome, options: TranscriptionOptions) -> str:
@@ -651,13 +657,14 @@ class Transcriber:
         return await two_stage.most_probable_language(self.engine, self.adapter, window, fused,
                                                       options.candidate_languages)
 
-    def _words(self, outcome: ChunkOutcome) -> list[Word]:
-        """The chunk's words, timed within the chunk by DTW over the alignment heads."""
-        attention = outcome.result.cross_attention
+    def _words(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult, parsed: ParsedOutput) -> list[Word]:
+        """The decode's words, timed within the chunk by DTW over the alignment heads (none
+        unless the decode was asked for their attention)."""
+        attention = result.cross_attention
         if attention is None:
             return []
-        generated, eot = outcome.result.token_ids, outcome.params.eot_id
-        text_rows = [j for j in range(outcome.parsed.prefix_length, len(generated)) if generated[j] < eot]
+        generated, eot = result.token_ids, params.eot_id
+        text_rows = [j for j in range(parsed.prefix_length, len(generated)) if generated[j] < eot]
         if not text_rows:
             return []
         rows = attention[:, text_rows]
@@ -665,10 +672,10 @@ class Transcriber:
             end_row = attention[:, [generated.index(eot)]]
         else:  # cut off by the token budget: let the last word run to the end of the window
             end_row = np.zeros_like(rows[:, :1])
-            end_row[..., min(attention.shape[-1], round(outcome.chunk.duration * FRAMES_PER_SECOND)) - 1] = 1.0
-        pieces = [w for s in outcome.parsed.segments for w in self.adapter.split_words(s.token_ids, outcome.parsed.language)]
-        text_logprobs = [outcome.result.logprobs[j] for j in text_rows]
-        timed = word_times(pieces, text_logprobs, np.concatenate([rows, end_row], axis=1), outcome.chunk.duration)
+            end_row[..., min(attention.shape[-1], round(chunk.duration * FRAMES_PER_SECOND)) - 1] = 1.0
+        pieces = [w for s in parsed.segments for w in self.adapter.split_words(s.token_ids, parsed.language)]
+        text_logprobs = [result.logprobs[j] for j in text_rows]
+        timed = word_times(pieces, text_logprobs, np.concatenate([rows, end_row], axis=1), chunk.duration)
         return [replace(w, word=w.word.strip()) for w in timed if w.word.strip()]
 
     def _token_logprobs(self, outcome: ChunkOutcome) -> list[TokenLogprob]:
@@ -714,7 +721,7 @@ class Transcriber:
             if options.token_logprobs:
                 logprobs += self._token_logprobs(outcome)
             if options.word_timestamps:
-                for w in self._words(outcome):
+                for w in outcome.words:
                     start, end = chunk.source_span(w.start, w.end)
                     words.append(replace(w, start=round(start, 2), end=round(end, 2)))
 

@@ -316,6 +316,27 @@ async def test_word_times_across_chunks_carry_true_offsets(runtime):
     assert 30.0 <= late[0].start <= 31.1
 
 
+async def test_each_window_drops_its_alignment_attention_once_its_words_are_timed(runtime, monkeypatch):
+    """The alignment heads' attention (megabytes a window) is turned into word times as each
+    window's decode ends, not held for every window of a long file until the response is
+    assembled."""
+    outcomes = []
+    build = runtime.transcriber._outcome
+
+    def kept(*args):
+        outcomes.append(build(*args))
+        return outcomes[-1]
+
+    monkeypatch.setattr(runtime.transcriber, "_outcome", kept)
+    en = [("en", "counting"), ("en", "quick_brown_fox")]
+    audio = np.concatenate([_window(*en), _window(*en[::-1])])
+    options = TranscriptionOptions(word_timestamps=True, timestamps=True, vad_filter=False)  # two fixed windows
+    result = await runtime.transcriber.transcribe(audio, options)
+    assert len(outcomes) == 2 and all(o.words for o in outcomes)
+    assert all(o.result.cross_attention is None for o in outcomes)
+    assert [w.word for w in result.words] == [w.word for o in outcomes for w in o.words]
+
+
 async def test_word_times_in_a_language_without_spaces(runtime):
     zh = load_clip("zh", "nihao_shijie")
     result = await runtime.transcriber.transcribe(zh, TranscriptionOptions(word_timestamps=True))
