@@ -659,9 +659,10 @@ class Transcriber:
 
     def _words(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult, parsed: ParsedOutput) -> list[Word]:
         """The decode's words, timed within the chunk by DTW over the alignment heads (none
-        unless the decode was asked for their attention)."""
+        unless the decode was asked for their attention, and none for output that did not
+        parse, which gives no text)."""
         attention = result.cross_attention
-        if attention is None:
+        if attention is None or parsed.failure is not None:
             return []
         generated, eot = result.token_ids, params.eot_id
         text_rows = [j for j in range(parsed.prefix_length, len(generated)) if generated[j] < eot]
