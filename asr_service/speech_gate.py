@@ -98,14 +98,13 @@ class SpeechGate:
         audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
         frames = -(-audio.shape[0] // FRAME)
         block = self.streams_per_scan * STREAM_FRAMES
-        steps = WARM_UP_FRAMES + STREAM_FRAMES
         probabilities = []
         with self._lock, torch.inference_mode(), one_torch_thread():
             for first in range(0, frames, block):
                 heard = _stream_inputs(audio, first, min(frames, first + block))
-                scanned = torch.empty(heard.shape[0], steps)
+                scanned = torch.empty(heard.shape[:2])  # [streams, steps]
                 self._model.reset_states()
-                for step in range(steps):
+                for step in range(heard.shape[1]):
                     scanned[:, step] = self._model(heard[:, step], SAMPLE_RATE)[:, 0]
                 probabilities.append(scanned[:, WARM_UP_FRAMES:].flatten())
         return torch.cat(probabilities)[:frames].tolist() if probabilities else []
