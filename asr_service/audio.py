@@ -85,6 +85,50 @@ def _check_declared(stream: av.audio.stream.AudioStream, limits: AudioLimits) ->
 
 # How often (in decoded audio) a decode reports its progress and checks its deadline.
 PROGRESS_EVERY_SECONDS = 10.0
+# Decoded samples are gathered in blocks of this much audio. A block (38 MB) is larger than
+# glibc's largest mmap threshold (32 MB), so each is its own mapping and goes back to the
+# system the moment it is freed: joining the blocks holds the audio once plus one block.
+BLOCK_SECONDS = 600.0
+
+
+class _SampleBlocks:
+    """Samples gathered in fixed blocks, joined into one array block by block, each block freed
+    once copied, so that a three-hour upload (690 MB of float32) is not held twice at the end
+    of its decode, as a join of its thousands of small frames would hold it."""
+
+    def __init__(self, block_samples: int):
+        self._block_samples = block_samples
+        self._full: list[np.ndarray] = []
+        self._block = np.empty(block_samples, np.float32)  # pages are touched only as filled
+        self._used = 0
+        self.total = 0
+
+    def add(self, samples: np.ndarray) -> None:
+        while samples.shape[0]:
+            take = min(samples.shape[0], self._block_samples - self._used)
+            self._block[self._used : self._used + take] = samples[:take]
+            self._used += take
+            self.total += take
+            samples = samples[take:]
+            if self._used == self._block_samples:
+                self._full.append(self._block)
+                self._block = np.empty(self._block_samples, np.float32)
+                self._used = 0
+
+    def join(self, limit: int) -> np.ndarray:
+        """The first ``limit`` samples at most, as one array; the blocks are emptied."""
+        self._full.append(self._block[: self._used])
+        self._block = np.empty(0, np.float32)
+        audio = np.empty(min(self.total, limit), np.float32)
+        filled = 0
+        while self._full and filled < audio.shape[0]:
+            block = self._full.pop(0)
+            take = min(block.shape[0], audio.shape[0] - filled)
+            audio[filled : filled + take] = block[:take]
+            filled += take
+            del block
+        self._full.clear()
+        return audio
 
 
 def decode_audio(data: bytes, limits: AudioLimits = AudioLimits(), on_progress: Callable[[float], None] | None = None,
@@ -97,8 +141,7 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits(), on_progress: 
     if len(data) > limits.max_bytes:
         raise AudioTooLargeError(f"upload of {len(data)} bytes exceeds the limit of {limits.max_bytes} bytes")
     max_samples = int(limits.max_seconds * SAMPLE_RATE)
-    pieces: list[np.ndarray] = []
-    total = 0
+    samples = _SampleBlocks(int(BLOCK_SECONDS * SAMPLE_RATE))
     reported = 0  # samples at the last progress report
     try:
         with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as container:
@@ -113,8 +156,8 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits(), on_progress: 
                 if frame.layout.nb_channels > MAX_RESAMPLER_CHANNELS:
                     frame = _downmix(frame)
                 for out in resampler.resample(frame):
-                    pieces.append(out.to_ndarray().reshape(-1))
-                    total += pieces[-1].shape[0]
+                    samples.add(out.to_ndarray().reshape(-1))
+                total = samples.total
                 if total > max_samples:
                     raise AudioTooLongError(
                         f"audio is longer than the limit of {limits.max_seconds:g} seconds"
@@ -126,15 +169,16 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits(), on_progress: 
                     if on_progress is not None:
                         on_progress(total / SAMPLE_RATE)
             for out in resampler.resample(None):
-                pieces.append(out.to_ndarray().reshape(-1))
+                samples.add(out.to_ndarray().reshape(-1))
     except (AudioError, TimeoutError):  # TimeoutError is an OSError: not a decoding failure
         raise
     except (av.FFmpegError, ValueError, IndexError, OSError) as e:
         raise InvalidAudioError(f"could not decode audio ({type(e).__name__}: {e})") from None
-    if not pieces or sum(p.shape[0] for p in pieces) == 0:
+    if samples.total == 0:
         raise InvalidAudioError("no audio samples could be decoded")
-    audio = np.concatenate(pieces).astype(np.float32, copy=False)[:max_samples]
-    if not np.isfinite(audio).all():
+    audio = samples.join(max_samples)
+    # min and max carry a NaN through, and need no mask as large as the audio (isfinite's).
+    if not (np.isfinite(audio.min()) and np.isfinite(audio.max())):
         raise InvalidAudioError("decoded samples are not finite")
     # Float formats may hold samples past full scale; the log-mel of 1e30 overflows to inf and the
     # model's caches to NaN. Past full scale is clipping anyway, as any PCM conversion would do.

@@ -137,3 +137,46 @@ def test_a_header_that_declares_too_long_a_duration_is_refused_before_decoding()
     with pytest.raises(AudioTooLongError) as e:
         decode_audio(data, AudioLimits(max_seconds=2.0))
     assert "as its header says" in str(e.value)
+
+
+MEMORY_PROBE = """
+import sys
+import numpy as np
+from asr_service.audio import AudioLimits, decode_audio
+from tests.test_audio import pcm16_wav
+
+def kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+minutes = float(sys.argv[1])
+data = pcm16_wav(8000, np.tile((3000 * np.sin(np.arange(8000) * 0.3)).astype(np.int16), int(minutes * 60)))
+before = kib("VmRSS")
+audio = decode_audio(data, AudioLimits(max_bytes=len(data), max_seconds=minutes * 60 + 1))
+print(audio.nbytes, (kib("VmHWM") - before) * 1024)
+"""
+
+
+def pcm16_wav(rate: int, samples: np.ndarray) -> bytes:
+    """A RIFF/WAVE file of 16-bit mono PCM."""
+    fmt = (16).to_bytes(4, "little") + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") \
+        + rate.to_bytes(4, "little") + (2 * rate).to_bytes(4, "little") + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
+    size = 2 * samples.shape[0]
+    body = b"WAVE" + b"fmt " + fmt + b"data" + size.to_bytes(4, "little")
+    return b"RIFF" + (len(body) + size).to_bytes(4, "little") + body + samples.astype("<i2").tobytes()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the peak RSS from /proc")
+def test_a_long_upload_is_held_about_once_while_it_is_decoded():
+    """Half an hour of audio (115 MB of float32 samples) decoded in a fresh process: its peak
+    memory grows by the samples and one gathering block, not by twice the samples (which a join
+    of the decoded frames at the end would cost)."""
+    import subprocess
+    import sys
+
+    probe = subprocess.run([sys.executable, "-c", MEMORY_PROBE, "30"], capture_output=True, text=True, timeout=120,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert probe.returncode == 0, probe.stderr
+    samples_bytes, growth = map(int, probe.stdout.split())
+    assert samples_bytes == 30 * 60 * 16000 * 4
+    assert growth < 1.5 * samples_bytes, f"peak RSS grew {growth / 2**20:.0f} MiB for {samples_bytes / 2**20:.0f} MiB of samples"
