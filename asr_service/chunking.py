@@ -148,12 +148,15 @@ def pad_regions(regions: list[tuple[int, int]], pad: int, length: int) -> list[t
     """Speech regions (sorted sample ranges) widened by ``pad`` samples on each side, within the
     audio; where two are closer than twice that, each takes half the silence between them
     (Silero's own rule for its padding)."""
-    out = []
-    for i, (start, end) in enumerate(regions):
-        before = (regions[i - 1][1] + start) // 2 if i else 0
-        after = (end + regions[i + 1][0]) // 2 if i + 1 < len(regions) else length
-        out.append((max(start - pad, before), min(end + pad, after)))
-    return out
+    return [_padded(regions, i, pad, length) for i in range(len(regions))]
+
+
+def _padded(regions: list[tuple[int, int]], i: int, pad: int, length: int) -> tuple[int, int]:
+    """Region ``i`` padded (pad_regions): it depends on the regions on either side alone."""
+    start, end = regions[i]
+    before = (regions[i - 1][1] + start) // 2 if i else 0
+    after = (end + regions[i + 1][0]) // 2 if i + 1 < len(regions) else length
+    return max(start - pad, before), min(end + pad, after)
 
 
 def speech_windows(audio: np.ndarray, speech: list[tuple[int, int]], sample_rate: int = 16000,
@@ -177,33 +180,77 @@ def speech_windows(audio: np.ndarray, speech: list[tuple[int, int]], sample_rate
     silence and leave the speech after it undecoded, or to invent words inside it. A kept pause
     a little longer than the padding (1.2 s, not 0.8) measured a few word errors fewer over six
     long files, greedy and with beams (docs/long-form.md)."""
-    rate = sample_rate
-    pad = round(pad_seconds * rate)
-    max_len = int(max_seconds * rate)
-    long_gap = max(0, round(long_pause_seconds * rate) - 2 * pad)  # a long pause between padded regions
-    margin = max(pad, round(min(kept_pause_seconds, long_pause_seconds) * rate / 2))  # silence kept each side of a join
-    pieces = []  # the padded regions, those longer than a window cut at quiet points
-    for start, end in pad_regions(speech, pad, audio.shape[0]):
-        pieces += [(start + c.start_sample, start + c.start_sample + c.samples.shape[0])
-                   for c in split_audio(audio[start:end], rate, max_seconds, LONG_SPEECH_SEARCH_S)]
-    windows: list[list[list[int]]] = []  # each window's stretches: contiguous [start, end] ranges
-    length = 0  # samples in the last window
-    for start, end in pieces:
-        stretches = windows[-1] if windows else None
-        gap = start - stretches[-1][1] if stretches else 0
-        widen = min(margin - pad, gap // 2) if gap >= long_gap else 0  # more of a long pause kept, each side
-        grown = length + (end - start) + (gap if gap < long_gap else 2 * widen)
-        if stretches is not None and grown <= max_len and (gap < long_gap or join_long_pauses):
-            if gap < long_gap:
-                stretches[-1][1] = end
-            else:
-                stretches[-1][1] += widen
-                stretches.append([start - widen, end])
-            length = grown
+    packer = SpeechWindowPacker(audio, sample_rate, max_seconds, pad_seconds, long_pause_seconds,
+                                kept_pause_seconds, join_long_pauses)
+    return packer.windows_final(speech) + packer.finish(speech)
+
+
+class SpeechWindowPacker:
+    """speech_windows for regions found a part of the audio at a time (a long file's VAD scan,
+    block by block): ``windows_final`` hands out the windows that speech found later cannot
+    change, ``finish`` the rest once every region is known; together they are speech_windows'
+    windows. A region's padding depends on the next region, and a window is closed by the
+    first piece that does not fit in it, so a region is packed once the one after it is known."""
+
+    def __init__(self, audio: np.ndarray, sample_rate: int, max_seconds: float, pad_seconds: float,
+                 long_pause_seconds: float, kept_pause_seconds: float, join_long_pauses: bool):
+        rate = sample_rate
+        self._audio, self._rate, self._max_seconds = audio, rate, max_seconds
+        self._pad = round(pad_seconds * rate)
+        self._max_len = int(max_seconds * rate)
+        self._long_gap = max(0, round(long_pause_seconds * rate) - 2 * self._pad)  # a long pause between padded regions
+        # silence kept each side of a join
+        self._margin = max(self._pad, round(min(kept_pause_seconds, long_pause_seconds) * rate / 2))
+        self._join_long_pauses = join_long_pauses
+        self._packed = 0  # regions packed so far
+        self._stretches: list[list[int]] = []  # the open window's contiguous [start, end] ranges
+        self._length = 0  # samples in the open window
+
+    def windows_final(self, regions: list[tuple[int, int]]) -> list[AudioChunk]:
+        """The windows closed by packing every region of ``regions`` (the regions found so far,
+        in order; a later call's list extends this one's) that has one after it."""
+        return self._pack(regions, len(regions) - 1)
+
+    def finish(self, regions: list[tuple[int, int]]) -> list[AudioChunk]:
+        """The windows left once ``regions`` is all the speech in the audio."""
+        windows = self._pack(regions, len(regions))
+        if self._stretches:
+            windows.append(self._window())
+            self._stretches = []
+        return windows
+
+    def _pack(self, regions: list[tuple[int, int]], upto: int) -> list[AudioChunk]:
+        closed = []
+        while self._packed < upto:
+            start, end = _padded(regions, self._packed, self._pad, self._audio.shape[0])
+            self._packed += 1
+            for c in split_audio(self._audio[start:end], self._rate, self._max_seconds, LONG_SPEECH_SEARCH_S):
+                piece_start, piece_end = start + c.start_sample, start + c.start_sample + c.samples.shape[0]
+                if not self._fits(piece_start, piece_end):
+                    if self._stretches:
+                        closed.append(self._window())
+                    self._stretches, self._length = [[piece_start, piece_end]], piece_end - piece_start
+        return closed
+
+    def _fits(self, start: int, end: int) -> bool:
+        """Add the piece to the open window if it fits there (False: it opens the next one)."""
+        if not self._stretches:
+            return False
+        gap = start - self._stretches[-1][1]
+        widen = min(self._margin - self._pad, gap // 2) if gap >= self._long_gap else 0  # more of a long pause kept, each side
+        grown = self._length + (end - start) + (gap if gap < self._long_gap else 2 * widen)
+        if grown > self._max_len or (gap >= self._long_gap and not self._join_long_pauses):
+            return False
+        if gap < self._long_gap:
+            self._stretches[-1][1] = end
         else:
-            windows.append([[start, end]])
-            length = end - start
-    return [AudioChunk.joined(audio, [tuple(s) for s in w], rate, margin) for w in windows]
+            self._stretches[-1][1] += widen
+            self._stretches.append([start - widen, end])
+        self._length = grown
+        return True
+
+    def _window(self) -> AudioChunk:
+        return AudioChunk.joined(self._audio, [(start, end) for start, end in self._stretches], self._rate, self._margin)
 
 
 def split_audio(

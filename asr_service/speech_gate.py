@@ -33,6 +33,10 @@ FRAME = 512  # samples per Silero step at 16 kHz
 STREAM_FRAMES = 156  # ~5 s per parallel stream of speech_regions' scan
 WARM_UP_FRAMES = 125  # ~4 s heard by each stream before its own frames
 SCAN_STREAMS = 128  # streams scanned together (~10 minutes of audio): bounds the scan's memory
+# A file's first block is this many streams (~80 s), each next one twice the one before up to
+# SCAN_STREAMS: a block's scan costs about its streams' worth, so the first windows are known
+# (and decode) after a fraction of a second, for a few extra blocks' fixed cost.
+FIRST_SCAN_STREAMS = 16
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class SpeechGate:
             self._model = load_silero_vad()
         self.threshold = threshold
         self._min_frames = max(1, round(min_speech_seconds * SAMPLE_RATE / FRAME))
+        self.min_speech_ms = round(self._min_frames * FRAME * 1000 / SAMPLE_RATE)
         self.streams_per_scan = streams_per_scan
         self._lock = threading.Lock()  # the model carries recurrent state between frames
         # Callers on an event loop run the gate's scans here: one model, so one thread, of its
@@ -81,33 +86,23 @@ class SpeechGate:
         """Where the speech is: (start, end) sample ranges as heard, without padding (callers pad:
         chunking.pad_regions), by Silero's own region rules over the parallel scan's
         probabilities (pauses shorter than ``min_silence_seconds`` stay inside)."""
-        from silero_vad.utils_vad import get_speech_timestamps_from_probs
+        scan = SpeechScan(self, samples, min_silence_seconds, threshold)
+        while scan.scan_block():
+            pass
+        return scan.regions()
 
-        found = get_speech_timestamps_from_probs(self._frame_probabilities(samples), sampling_rate=SAMPLE_RATE,
-                                                 threshold=self.threshold if threshold is None else threshold,
-                                                 min_speech_duration_ms=round(self._min_frames * FRAME * 1000 / SAMPLE_RATE),
-                                                 min_silence_duration_ms=round(min_silence_seconds * 1000),
-                                                 speech_pad_ms=0, audio_length_samples=len(samples))
-        return [(int(r["start"]), int(r["end"])) for r in found]
-
-    def _frame_probabilities(self, samples: np.ndarray) -> list[float]:
-        """Silero's speech probability for every frame (the last one zero-padded), scanned as
-        parallel streams (module docstring), ``streams_per_scan`` at a time. Each scan's input
-        is overlapping views into one copy of its stretch of audio, so what a scan holds beyond
-        the file is bounded by that stretch, not by the file's length (uploads may be hours)."""
-        audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
-        frames = -(-audio.shape[0] // FRAME)
-        block = self.streams_per_scan * STREAM_FRAMES
-        probabilities = []
+    def frame_probabilities(self, audio: torch.Tensor, first: int, end: int) -> torch.Tensor:
+        """Silero's speech probability for frames ``first`` to ``end`` (the audio's last frame
+        zero-padded), scanned as parallel streams (module docstring). The input is overlapping
+        views into one copy of that stretch, so a scan holds a block's worth of audio, not the
+        file's (uploads may be hours)."""
         with self._lock, torch.inference_mode(), one_torch_thread():
-            for first in range(0, frames, block):
-                heard = _stream_inputs(audio, first, min(frames, first + block))
-                scanned = torch.empty(heard.shape[:2])  # [streams, steps]
-                self._model.reset_states()
-                for step in range(heard.shape[1]):
-                    scanned[:, step] = self._model(heard[:, step], SAMPLE_RATE)[:, 0]
-                probabilities.append(scanned[:, WARM_UP_FRAMES:].flatten())
-        return torch.cat(probabilities)[:frames].tolist() if probabilities else []
+            heard = _stream_inputs(audio, first, end)
+            scanned = torch.empty(heard.shape[:2])  # [streams, steps]
+            self._model.reset_states()
+            for step in range(heard.shape[1]):
+                scanned[:, step] = self._model(heard[:, step], SAMPLE_RATE)[:, 0]
+            return scanned[:, WARM_UP_FRAMES:].flatten()[: end - first]
 
     def has_speech(self, samples: np.ndarray, threshold: float | None = None) -> bool:
         return self.speech_start(samples, threshold) is not None
@@ -128,6 +123,55 @@ class SpeechGate:
                 else:
                     run = 0
         return None
+
+
+class SpeechScan:
+    """One file's speech regions, found a block of streams at a time (FIRST_SCAN_STREAMS first,
+    then twice as many each block up to the gate's ``streams_per_scan``), so that its windows
+    can be planned, and decoded, while the rest is still scanned.
+    Silero's region rules run forward through the frames, so a region that has ended (a pause
+    of ``min_silence_seconds`` heard after it) is final however much audio comes later; the
+    one still open at the end of what was scanned is not, and waits for the next block."""
+
+    def __init__(self, gate: SpeechGate, samples: np.ndarray, min_silence_seconds: float,
+                 threshold: float | None = None):
+        self._gate = gate
+        self._audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+        self._frames = -(-self._audio.shape[0] // FRAME)
+        self._min_silence_seconds = min_silence_seconds
+        self._threshold = gate.threshold if threshold is None else threshold
+        self.probabilities: list[float] = []  # each frame's, as far as scanned
+        self._block_streams = min(FIRST_SCAN_STREAMS, gate.streams_per_scan)
+
+    @property
+    def done(self) -> bool:
+        return len(self.probabilities) >= self._frames
+
+    def scan_block(self) -> bool:
+        """Scan the next block; False when everything was scanned already."""
+        if self.done:
+            return False
+        first = len(self.probabilities)
+        end = min(self._frames, first + self._block_streams * STREAM_FRAMES)
+        self._block_streams = min(2 * self._block_streams, self._gate.streams_per_scan)
+        self.probabilities += self._gate.frame_probabilities(self._audio, first, end).tolist()
+        return True
+
+    def regions(self) -> list[tuple[int, int]]:
+        """The regions of speech known so far, in order, all of them once ``done``: each later
+        call's list extends the one before (Silero's rules, get_speech_timestamps_from_probs)."""
+        from silero_vad.utils_vad import get_speech_timestamps_from_probs
+
+        heard = self._audio.shape[0] if self.done else len(self.probabilities) * FRAME
+        found = get_speech_timestamps_from_probs(
+            self.probabilities, sampling_rate=SAMPLE_RATE, threshold=self._threshold,
+            min_speech_duration_ms=self._gate.min_speech_ms,
+            min_silence_duration_ms=round(self._min_silence_seconds * 1000), speech_pad_ms=0,
+            audio_length_samples=heard)
+        regions = [(int(r["start"]), int(r["end"])) for r in found]
+        if not self.done and regions and regions[-1][1] >= heard:  # still open: may run on
+            regions.pop()
+        return regions
 
 
 def _stream_inputs(audio: torch.Tensor, first: int, end: int) -> torch.Tensor:

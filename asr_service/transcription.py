@@ -3,9 +3,10 @@
 One path for every caller. ``Transcriber.run`` yields events in chunk order: with
 ``streamed=True`` the text of each chunk's decode as it grows (once its forced prefix has
 parsed), then each chunk's outcome, then the assembled result. ``transcribe`` drains it for the
-result; the streaming renderer (streaming.py) turns the events into deltas. Chunks of one
-request are submitted together, so they decode concurrently in the engine's batch (one after
-another when each is conditioned on the text before it); results keep their true time offsets.
+result; the streaming renderer (streaming.py) turns the events into deltas. Each chunk of a
+request is submitted as soon as it is planned (a long file's while the rest of it is still
+scanned for speech), so they decode concurrently in the engine's batch (one after another when
+each is conditioned on the text before it); results keep their true time offsets.
 
 A window decoded with timestamps whose decode stops before the speech in it ends is decoded
 again from where its text stopped (the seek), streamed or not. A full response's window whose
@@ -28,7 +29,7 @@ import numpy as np
 from adapters.base import ParsedOutput, TranscriptionAdapter
 
 from . import two_stage
-from .chunking import AudioChunk, speech_windows, split_audio
+from .chunking import AudioChunk, SpeechWindowPacker, split_audio
 from .engine.features import HOP_LENGTH
 from .engine.interface import Engine
 from .engine.params import DecodeParams, SequenceResult, UnsupportedDecode, raise_if_failed
@@ -36,7 +37,7 @@ from .engine.stream import SequenceStream
 from .fallback import (DecodeFigures, QualityThresholds, compression_ratio, is_silent, may_be_silent, needs_fallback,
                        pick_best)
 from .language_vote import is_outlier, vote
-from .speech_gate import SpeechGate, VadSettings
+from .speech_gate import SpeechGate, SpeechScan, VadSettings
 from .word_timing import FRAMES_PER_SECOND, Word, snap_to_speech_onsets, word_times
 
 
@@ -157,12 +158,23 @@ class ChunkOutcome:
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """Where a request's audio is decoded, and where the VAD heard speech start and end
-    (sample ranges, no padding; None when the gate is off). For audio of one window only the
-    first speech is known: its scan stops there."""
+    """Where a request's audio is decoded: ``windows`` in order, as they are found (a long
+    file's VAD scan hands them out block by block, so its first windows decode while the rest is
+    scanned), and where the VAD heard speech start and end (sample ranges, no padding; None
+    when the gate is off), which the planning extends as it goes: complete once ``windows`` is
+    exhausted. For audio of one window only the first speech is known: its scan stops there."""
 
-    windows: list[AudioChunk]
+    windows: AsyncIterator[AudioChunk]
     speech: list[tuple[int, int]] | None
+
+    async def all_windows(self) -> list[AudioChunk]:
+        """Every window, once all are planned."""
+        return [window async for window in self.windows]
+
+
+async def _listed(windows: list[AudioChunk]) -> AsyncIterator[AudioChunk]:
+    for window in windows:
+        yield window
 
 
 @dataclass
@@ -278,30 +290,50 @@ class Transcriber:
         tally = TokenTally() if tally is None else tally
         options = self._for_model(options)
         plan = await self.plan(audio, options, streamed)
-        chunks = plan.windows
         conditioned = options.condition_on_previous_text
-        jobs = [] if conditioned else [self._start(i, c, options, None, streamed, on_chunk_done, tally)
-                                       for i, c in enumerate(chunks)]
+        jobs: list[_ChunkJob] = []
+        # (window, its job) in window order as they are planned, then None. Each window's decode
+        # starts as soon as it is planned, unless it needs the text before it (conditioned).
+        planned: asyncio.Queue[tuple[AudioChunk, _ChunkJob | None] | None] = asyncio.Queue()
+
+        async def start_windows() -> None:
+            try:
+                async for window in plan.windows:
+                    job = None if conditioned else self._start(len(jobs), window, options, None, streamed,
+                                                               on_chunk_done, tally)
+                    if job is not None:
+                        jobs.append(job)
+                    planned.put_nowait((window, job))
+            finally:
+                planned.put_nowait(None)
+
+        planning = asyncio.ensure_future(start_windows())
         outcomes: list[WindowOutcome] = []
         previous: str | None = None
         try:
-            for i, chunk in enumerate(chunks):
-                if conditioned:  # each chunk needs the text before it: one at a time
-                    jobs.append(self._start(i, chunk, options, previous, streamed, on_chunk_done, tally))
-                if jobs[i].texts is not None:
-                    while (text := await jobs[i].texts.get()) is not None:
+            while (item := await planned.get()) is not None:
+                window, job = item
+                i = len(outcomes)
+                if job is None:  # each window needs the text before it: one at a time
+                    job = self._start(i, window, options, previous, streamed, on_chunk_done, tally)
+                    jobs.append(job)
+                if job.texts is not None:
+                    while (text := await job.texts.get()) is not None:
                         yield text
-                outcome = await jobs[i].task
+                outcome = await job.task
                 outcomes.append(outcome)
                 yield self._chunk_done(i, outcome, options)
                 previous = self._context_after(outcome, previous, options)
+            await planning  # a planning failure is the request's
             if not streamed:
                 await self._settle_language(outcomes, options)
             result = self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate, plan.speech)
             if result.language is None and result.detection_failure is None and options.name_language_of_silence:
                 result.language, result.language_probability = await self._language_of_silence(audio, options)
             yield Finished(result)
-        finally:  # finished, failed or abandoned: no decode of this request runs on
+        finally:  # finished, failed or abandoned: no planning or decode of this request runs on
+            planning.cancel()
+            planning.add_done_callback(_retrieve)
             for job in jobs:
                 job.task.cancel()
                 job.task.add_done_callback(_retrieve)
@@ -329,26 +361,36 @@ class Transcriber:
         cfg = self.adapter.config
         rate = cfg.sample_rate
         if not cfg.chunking:
-            return WindowPlan([AudioChunk(0, audio[: int(cfg.max_clip_seconds * rate)], rate)], None)
+            return WindowPlan(_listed([AudioChunk(0, audio[: int(cfg.max_clip_seconds * rate)], rate)]), None)
         if self.gate is None or not options.vad_filter:
-            return WindowPlan(split_audio(audio, rate, cfg.max_clip_seconds), None)
+            return WindowPlan(_listed(split_audio(audio, rate, cfg.max_clip_seconds)), None)
         vad, pad = options.vad, round(options.vad.pad_s * rate)
         if audio.shape[0] <= cfg.max_clip_seconds * rate:
             # One window from the first speech on: a scan that stops there (cheap), not a full one.
             onset = await self._gate_work(self.gate.speech_start, audio, vad.threshold)
             if onset is None:
-                return WindowPlan([AudioChunk(0, audio, rate)], [])
+                return WindowPlan(_listed([AudioChunk(0, audio, rate)]), [])
             start = max(0, onset - pad)
-            return WindowPlan([AudioChunk(start, audio[start:], rate)], [(onset, audio.shape[0])])
-        speech = await self._gate_work(self.gate.speech_regions, audio, vad.min_silence_s, vad.threshold)
+            return WindowPlan(_listed([AudioChunk(start, audio[start:], rate)]), [(onset, audio.shape[0])])
         # Windows join speech across long pauses only where the seek decodes again what a
         # window's decode leaves out (it needs timestamps) and a window can be decoded again in
         # parts (_cuts: not in a stream, whose text is sent as decoded), and not for
         # code-switching audio (each window detects its own language: the one it opens with).
         joins = options.timestamps and not streamed and not options.detect_language_per_chunk
-        windows = speech_windows(audio, speech, rate, cfg.max_clip_seconds, vad.pad_s, vad.long_pause_s,
-                                 vad.kept_pause_s, join_long_pauses=joins)
-        return WindowPlan(windows, speech)
+        packer = SpeechWindowPacker(audio, rate, cfg.max_clip_seconds, vad.pad_s, vad.long_pause_s, vad.kept_pause_s,
+                                    join_long_pauses=joins)
+        speech: list[tuple[int, int]] = []
+        return WindowPlan(self._scanned_windows(SpeechScan(self.gate, audio, vad.min_silence_s, vad.threshold),
+                                                packer, speech), speech)
+
+    async def _scanned_windows(self, scan: SpeechScan, packer: SpeechWindowPacker,
+                               speech: list[tuple[int, int]]) -> AsyncIterator[AudioChunk]:
+        """A long file's windows (chunking.speech_windows), each handed out as soon as the scan
+        has heard enough to know it will not change; ``speech`` grows with the regions found."""
+        while await self._gate_work(scan.scan_block):
+            speech += (await self._gate_work(scan.regions))[len(speech):]
+            for window in packer.finish(speech) if scan.done else packer.windows_final(speech):
+                yield window
 
     def params_for(self, options: TranscriptionOptions, language: str | None = None,
                    previous_text: str | None = None) -> DecodeParams:

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from asr_service.chunking import pad_regions, speech_windows, split_audio
+from asr_service.chunking import SpeechWindowPacker, pad_regions, speech_windows, split_audio
 from asr_service.word_timing import Word, snap_to_speech_onsets
 
 pytestmark = pytest.mark.unit
@@ -184,3 +184,29 @@ def test_a_word_that_opens_speech_never_starts_after_the_speech_does():
     assert [w.start for w in snap_to_speech_onsets(stretched, speech)] == [1.00, 3.60]
     far = [Word("So", 6.30, 6.50, 0.9)]  # more than a second after the onset: not the word that opened it
     assert snap_to_speech_onsets(far, [(5.00, 7.00)]) == far
+
+
+@pytest.mark.parametrize("join_long_pauses", [True, False], ids=["joined", "apart"])
+def test_windows_handed_out_as_regions_arrive_are_the_windows_of_all_regions_at_once(join_long_pauses):
+    """A long file's windows are planned while it is still scanned (SpeechWindowPacker): fed
+    the regions found so far, a few more each time, the windows it hands out before the end
+    and those it finishes with are speech_windows' for every region at once, pauses of every
+    length and speech that runs past a window included."""
+    rng = np.random.default_rng(3)
+    audio = noise(600, seed=1)
+    regions, t = [], 1.0
+    while t < 580:
+        length = rng.choice([0.6, 3.0, 9.0, 41.0], p=[0.3, 0.4, 0.25, 0.05])
+        regions.append((int(t * SR), int(min(t + length, 598) * SR)))
+        t += length + rng.choice([0.2, 0.9, 1.5, 2.5, 8.0])
+    want = speech_windows(audio, regions, join_long_pauses=join_long_pauses)
+    assert len(want) > 15 and any(w.joins for w in want) == join_long_pauses
+    for step in (1, 2, 7):
+        packer = SpeechWindowPacker(audio, SR, 30.0, 0.4, 1.8, 1.2, join_long_pauses)
+        got = []
+        for known in range(step, len(regions), step):
+            got += packer.windows_final(regions[:known])
+        got += packer.finish(regions)
+        assert [(w.start_sample, w.samples.shape[0], w.joins) for w in got] == \
+            [(w.start_sample, w.samples.shape[0], w.joins) for w in want]
+        assert all(np.array_equal(g.samples, w.samples) for g, w in zip(got, want))

@@ -139,7 +139,7 @@ async def test_a_slow_conversation_shares_windows_and_keeps_every_word_in_its_pl
     utterance lost, none inside a pause, onsets within the targets, segments in order."""
     truth = read_truth(made["slow_truth"])
     audio, rate = sf.read(made["slow"], dtype="float32")
-    windows = (await runtime.transcriber.plan(audio, TranscriptionOptions(timestamps=True))).windows
+    windows = await (await runtime.transcriber.plan(audio, TranscriptionOptions(timestamps=True))).all_windows()
     assert len(windows) <= len(truth) // 3, [(w.start, w.end) for w in windows]
     assert sum(len(w.joins) for w in windows) >= len(truth) // 2
     body = _post(server.url, made["slow"].read_bytes(), response_format="verbose_json",
@@ -177,3 +177,36 @@ def test_a_long_lead_in_silence_inside_one_window_invents_nothing(server, dialog
     assert score([Utterance(first.speaker, first.text, 15.0, 15.0 + first.end - first.start)], body["text"],
                  [(w["word"], w["start"], w["end"]) for w in body["words"]])["words_in_silence"] == 0
     assert tokens(body["text"])[:2] == tokens(first.text)[:2], body["text"]
+
+
+async def test_a_long_file_decodes_while_it_is_still_scanned(made, runtime, monkeypatch):
+    """A long upload's VAD scan runs a block at a time and each window is handed out as soon as
+    no speech found later can change it, so decoding starts before the scan ends (an hour's
+    scan takes seconds). Scanned in blocks of 10 s, the slow conversation gets the windows and
+    the speech regions of the usual blocks, its first window is submitted while most of the
+    file is still unscanned, and every utterance comes back."""
+    truth = read_truth(made["slow_truth"])
+    audio, _ = sf.read(made["slow"], dtype="float32")
+    options = TranscriptionOptions(timestamps=True, beam_size=1)
+    usual = await runtime.transcriber.plan(audio, options)
+    usual_windows = await usual.all_windows()
+
+    gate, engine = runtime.transcriber.gate, runtime.transcriber.engine
+    monkeypatch.setattr(gate, "streams_per_scan", 2)
+    events: list[str] = []
+    scan_block, submit = gate.frame_probabilities, engine.submit
+    monkeypatch.setattr(gate, "frame_probabilities", lambda *a: events.append("scan") or scan_block(*a))
+    monkeypatch.setattr(engine, "submit", lambda *a: events.append("submit") or submit(*a))
+
+    blocks = await runtime.transcriber.plan(audio, options)
+    windows = await blocks.all_windows()
+    assert events.count("scan") >= 15
+    assert blocks.speech == usual.speech
+    assert [(w.start_sample, w.joins) for w in windows] == [(w.start_sample, w.joins) for w in usual_windows]
+    assert all(np.array_equal(w.samples, u.samples) for w, u in zip(windows, usual_windows))
+
+    events.clear()
+    result = await runtime.transcriber.transcribe(audio, options)
+    scanned_before_decoding = events[: events.index("submit")].count("scan")
+    assert scanned_before_decoding < events.count("scan") // 2, events
+    assert score(truth, result.text)["missing"] == []

@@ -80,7 +80,7 @@ async def test_a_phrase_said_again_after_each_pause_is_kept_every_time(runtime):
     pause = np.zeros(int(2.5 * SR), np.float32)
     audio = np.concatenate([np.zeros(SR, np.float32)] + [part for _ in range(8) for part in (fox, pause)])
     options = TranscriptionOptions(timestamps=True)
-    windows = (await runtime.transcriber.plan(audio, options)).windows
+    windows = await (await runtime.transcriber.plan(audio, options)).all_windows()
     assert len(windows) < 8 and all(w.joins for w in windows)  # several repeats a window
     result = await runtime.transcriber.transcribe(audio, options)
     assert normalize(result.text).split() == normalize(reference("en", "quick_brown_fox")).split() * 8, result.text
@@ -149,7 +149,7 @@ async def test_speech_after_silence_is_kept(runtime):
     result, decodes = await _count_decodes(runtime, audio, TranscriptionOptions(timestamps=True))
     assert decodes == 1  # the silence was not decoded at all
     assert result.text == "The quick brown fox jumps over the lazy dog."
-    windows = (await runtime.transcriber.plan(audio, TranscriptionOptions(timestamps=True))).windows
+    windows = await (await runtime.transcriber.plan(audio, TranscriptionOptions(timestamps=True))).all_windows()
     assert len(windows) == 1 and 34.0 <= windows[0].start <= 35.0  # the window opens where speech does
     assert all(s.start >= 34.5 for s in result.segments), [(s.start, s.text) for s in result.segments]
 
@@ -176,7 +176,7 @@ async def test_a_low_confidence_outlier_chunk_is_decoded_again_with_the_files_la
     # Spanish before it is 28 s of speech with short pauses, a window that nothing more fits
     # in, so the greeting after the long pause opens a window of its own.
     audio = np.concatenate([_window(*ES, *ES, *ES), _window(("it", "ciao_mondo"), seconds=5.0)])
-    windows = (await runtime.transcriber.plan(audio, TranscriptionOptions())).windows
+    windows = await (await runtime.transcriber.plan(audio, TranscriptionOptions())).all_windows()
     assert len(windows) == 2 and windows[1].start >= 29.5, [(w.start, w.end) for w in windows]
     voted, decodes = await _count_decodes(runtime, audio, replace_options(timestamps=True))
     assert voted.language == "es"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from asr_service.speech_gate import FRAME, STREAM_FRAMES, WARM_UP_FRAMES, SpeechGate, _stream_inputs
+from asr_service.speech_gate import FRAME, STREAM_FRAMES, WARM_UP_FRAMES, SpeechGate, SpeechScan, _stream_inputs
 from support.clips import all_clips, load_clip
 
 pytestmark = pytest.mark.model
@@ -48,13 +48,41 @@ def test_a_file_scanned_a_few_streams_at_a_time_gives_the_regions_of_one_scan():
     assert audio.shape[0] > 5 * STREAM_FRAMES * FRAME  # several blocks, the last one partial
 
     whole = SpeechGate(streams_per_scan=1000)
-    want = whole._frame_probabilities(audio)
+    want = scanned(whole, audio).probabilities
     for streams in (1, 2, 3):
         gate = SpeechGate(streams_per_scan=streams)
-        got = gate._frame_probabilities(audio)
+        got = scanned(gate, audio).probabilities
         assert len(got) == len(want) == -(-audio.shape[0] // FRAME)
         assert np.abs(np.array(got) - np.array(want)).max() < 1e-4
         assert gate.speech_regions(audio, 0.5) == whole.speech_regions(audio, 0.5)
+
+
+def scanned(gate: SpeechGate, audio: np.ndarray) -> SpeechScan:
+    scan = SpeechScan(gate, audio, 0.5)
+    while scan.scan_block():
+        pass
+    return scan
+
+
+def test_regions_found_block_by_block_are_final_as_soon_as_they_are_handed_out():
+    """A long file's windows are planned while it is still scanned, so the regions known after
+    each block must be the first regions of the whole file's, none of them to change: a region
+    still open at the end of what was scanned is held back until the speech after it is heard."""
+    parts = []
+    for i, (lang, name) in enumerate(all_clips()[:8]):
+        parts += [np.zeros(int([0.6, 2.0, 1.0][i % 3] * SR), np.float32), load_clip(lang, name)]
+    audio = np.concatenate(parts)
+    gate = SpeechGate(streams_per_scan=2)  # blocks of 10 s: some end inside speech
+    final = gate.speech_regions(audio, 0.5)
+    scan, known, held_back = SpeechScan(gate, audio, 0.5), [], 0
+    while scan.scan_block():
+        regions = scan.regions()
+        assert regions[: len(known)] == known  # what was handed out stays
+        assert regions == final[: len(regions)]
+        held_back += not scan.done and any(start < len(scan.probabilities) * FRAME <= end for start, end in final)
+        known = regions
+    assert known == final and scan.done
+    assert held_back  # the blocks did end inside speech
 
 
 def test_the_streams_of_a_scan_read_one_copy_of_its_audio():

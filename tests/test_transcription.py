@@ -134,7 +134,7 @@ async def test_long_audio_chunks_offsets_and_join(runtime):
     audio = np.concatenate(pieces)
     assert audio.shape[0] / 16000 > 60
 
-    chunks = (await runtime.transcriber.plan(audio, TranscriptionOptions())).windows
+    chunks = await (await runtime.transcriber.plan(audio, TranscriptionOptions())).all_windows()
     assert len(chunks) >= 3
     silent = [(s, s + 6.0) for s in starts["silence"]]
     for c in chunks[1:]:
@@ -154,7 +154,7 @@ async def test_long_audio_chunks_offsets_and_join(runtime):
     # Decoded with timestamps (the seek recovers what a decode stops short of), the windows
     # join the clips across the silences, which they leave out: fewer, fuller windows.
     timed_options = TranscriptionOptions(timestamps=True)
-    joined = (await runtime.transcriber.plan(audio, timed_options)).windows
+    joined = await (await runtime.transcriber.plan(audio, timed_options)).all_windows()
     assert len(joined) < len(chunks) and any(c.joins for c in joined)
     timed = await runtime.transcriber.transcribe(audio, timed_options)
     assert normalize(timed.text).count("quick brown fox") == 3
