@@ -14,7 +14,7 @@ the window maps its own time back to the audio's (AudioChunk.source_seconds).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -25,13 +25,19 @@ class AudioChunk:
     from: ``samples[0]`` is the audio's sample ``start_sample``, and the samples run on
     contiguously except at each ``joins`` entry (offset into ``samples``, audio sample), where a
     later stretch of the audio begins (the silence before it was left out). ``join_margin``:
-    the samples of silence (the padding around speech) kept on each side of a join."""
+    the samples of silence (the padding around speech) kept on each side of a join.
+    ``samples`` is None in a released window (``released``): its map without its samples."""
 
     start_sample: int
-    samples: np.ndarray
+    samples: np.ndarray | None
     sample_rate: int
     joins: tuple[tuple[int, int], ...] = ()
     join_margin: int = 0
+    length: int = 0  # samples in the window: taken from ``samples`` where they are given
+
+    def __post_init__(self) -> None:
+        if self.samples is not None:
+            object.__setattr__(self, "length", self.samples.shape[0])
 
     @property
     def start(self) -> float:
@@ -40,7 +46,25 @@ class AudioChunk:
     @property
     def duration(self) -> float:
         """Seconds of samples (the window's own time; the audio it spans may be longer)."""
-        return self.samples.shape[0] / self.sample_rate
+        return self.length / self.sample_rate
+
+    @property
+    def stretches(self) -> list[tuple[int, int]]:
+        """The sample ranges of the audio that the window holds, end to end."""
+        starts = [(0, self.start_sample)] + list(self.joins)
+        ends = [offset for offset, _ in self.joins] + [self.length]
+        return [(source, source + end - offset) for (offset, source), end in zip(starts, ends)]
+
+    def released(self) -> AudioChunk:
+        """The window's map without its samples. A window joined across pauses holds a copy of
+        its stretches of the audio; what is kept of a decoded window until the response is
+        assembled (the map) need not keep that copy, which for a long file would be a second
+        copy of its speech. ``rebuilt`` makes the samples again."""
+        return replace(self, samples=None)
+
+    def rebuilt(self, audio: np.ndarray) -> AudioChunk:
+        """The window again, with its samples, from the request's audio."""
+        return AudioChunk.joined(audio, self.stretches, self.sample_rate, self.join_margin)
 
     @property
     def end(self) -> float:

@@ -115,13 +115,18 @@ class SpeechGate:
         run = 0
         with self._lock, torch.inference_mode(), one_torch_thread():
             self._model.reset_states()
-            for start in range(0, audio.shape[0] - FRAME + 1, FRAME):
-                if float(self._model(audio[start : start + FRAME], SAMPLE_RATE)) >= threshold:
-                    run += 1
-                    if run >= self._min_frames:
-                        return start - (run - 1) * FRAME
-                else:
-                    run = 0
+            try:
+                for start in range(0, audio.shape[0] - FRAME + 1, FRAME):
+                    if float(self._model(audio[start : start + FRAME], SAMPLE_RATE)) >= threshold:
+                        run += 1
+                        if run >= self._min_frames:
+                            return start - (run - 1) * FRAME
+                    else:
+                        run = 0
+            finally:
+                # Silero keeps the end of the last frame as context: a view of the caller's
+                # samples, which would keep them (a whole window) alive until the next scan.
+                self._model.reset_states()
         return None
 
 

@@ -190,6 +190,11 @@ class WindowOutcome:
         """The decode of the whole window: its language detection is the window's."""
         return self.pieces[0]
 
+    def released(self) -> WindowOutcome:
+        """The decoded window as kept until the response is assembled: the maps of the window
+        and its pieces, without their samples (AudioChunk.released)."""
+        return WindowOutcome(self.window.released(), [replace(p, chunk=p.chunk.released()) for p in self.pieces])
+
 
 # ---- what a run yields ----
 
@@ -262,6 +267,12 @@ class _ChunkJob:
     texts: asyncio.Queue | None  # ChunkText items, then None (streamed runs only)
 
 
+@dataclass(frozen=True)
+class _PlannedWindow:
+    window: AudioChunk
+    job: _ChunkJob | None  # None: started when the text before it is known
+
+
 class Transcriber:
     def __init__(self, engine: Engine, adapter: TranscriptionAdapter, gate: SpeechGate | None = None):
         self.engine = engine
@@ -292,18 +303,22 @@ class Transcriber:
         plan = await self.plan(audio, options, streamed)
         conditioned = options.condition_on_previous_text
         jobs: list[_ChunkJob] = []
-        # (window, its job) in window order as they are planned, then None. Each window's decode
-        # starts as soon as it is planned, unless it needs the text before it (conditioned).
-        planned: asyncio.Queue[tuple[AudioChunk, _ChunkJob | None] | None] = asyncio.Queue()
+        # The windows in order as they are planned, then None. Each window's decode starts as soon
+        # as it is planned, unless it needs the text before it (conditioned); at most
+        # max_request_windows decode at once, and planning waits for room (engine.interface).
+        planned: asyncio.Queue[_PlannedWindow | None] = asyncio.Queue()
+        room = asyncio.Semaphore(self.engine.max_request_windows)
 
         async def start_windows() -> None:
             try:
                 async for window in plan.windows:
-                    job = None if conditioned else self._start(len(jobs), window, options, None, streamed,
-                                                               on_chunk_done, tally)
-                    if job is not None:
+                    job = None
+                    if not conditioned:
+                        await room.acquire()
+                        job = self._start(len(jobs), window, options, None, streamed, on_chunk_done, tally)
+                        job.task.add_done_callback(lambda _: room.release())
                         jobs.append(job)
-                    planned.put_nowait((window, job))
+                    planned.put_nowait(_PlannedWindow(window, job))
             finally:
                 planned.put_nowait(None)
 
@@ -312,10 +327,9 @@ class Transcriber:
         previous: str | None = None
         try:
             while (item := await planned.get()) is not None:
-                window, job = item
-                i = len(outcomes)
+                i, job = len(outcomes), item.job
                 if job is None:  # each window needs the text before it: one at a time
-                    job = self._start(i, window, options, previous, streamed, on_chunk_done, tally)
+                    job = self._start(i, item.window, options, previous, streamed, on_chunk_done, tally)
                     jobs.append(job)
                 if job.texts is not None:
                     while (text := await job.texts.get()) is not None:
@@ -326,7 +340,7 @@ class Transcriber:
                 previous = self._context_after(outcome, previous, options)
             await planning  # a planning failure is the request's
             if not streamed:
-                await self._settle_language(outcomes, options)
+                await self._settle_language(outcomes, options, audio)
             result = self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate, plan.speech)
             if result.language is None and result.detection_failure is None and options.name_language_of_silence:
                 result.language, result.language_probability = await self._language_of_silence(audio, options)
@@ -430,7 +444,7 @@ class Transcriber:
                     texts.put_nowait(None)
             if on_chunk_done:
                 on_chunk_done(chunk)
-            return outcome
+            return outcome.released()
 
         return _ChunkJob(asyncio.ensure_future(work()), texts)
 
@@ -672,8 +686,10 @@ class Transcriber:
         speech = [o for o in parsed if not is_silent(o.figures, options.thresholds)] or parsed
         return vote([(o.language_probs, o.chunk.duration) for o in speech], options.language)
 
-    async def _settle_language(self, outcomes: list[WindowOutcome], options: TranscriptionOptions) -> None:
-        """Decode again, with the request's language, the windows whose detection is an outlier."""
+    async def _settle_language(self, outcomes: list[WindowOutcome], options: TranscriptionOptions,
+                               audio: np.ndarray) -> None:
+        """Decode again, with the request's language, the windows whose detection is an outlier
+        (each rebuilt from the request's ``audio``: decoded windows keep no samples)."""
         if options.language is not None or options.detect_language_per_chunk or len(outcomes) < 2:
             return
         language, _ = self._vote(outcomes, options)
@@ -682,10 +698,11 @@ class Transcriber:
         if not redo:
             return
         fixed = replace(options, language=language, detection="fused")
-        again = await asyncio.gather(*(self._decode_window(outcomes[i].window, fixed, None, None) for i in redo))
+        again = await asyncio.gather(*(self._decode_window(outcomes[i].window.rebuilt(audio), fixed, None, None)
+                                       for i in redo))
         for i, outcome in zip(redo, again):
             outcome.head.language_probs = outcomes[i].head.language_probs  # what the window itself heard
-            outcomes[i] = outcome
+            outcomes[i] = outcome.released()
 
     async def _language_of_silence(self, audio: np.ndarray, options: TranscriptionOptions) -> tuple[str | None, float | None]:
         """The most probable language of audio in which nothing was decoded (the speech gate

@@ -179,12 +179,15 @@ def test_a_long_lead_in_silence_inside_one_window_invents_nothing(server, dialog
     assert tokens(body["text"])[:2] == tokens(first.text)[:2], body["text"]
 
 
-async def test_a_long_file_decodes_while_it_is_still_scanned(made, runtime, monkeypatch):
+async def test_a_long_file_decodes_while_it_is_still_scanned_a_few_windows_at_a_time(made, runtime, monkeypatch):
     """A long upload's VAD scan runs a block at a time and each window is handed out as soon as
     no speech found later can change it, so decoding starts before the scan ends (an hour's
-    scan takes seconds). Scanned in blocks of 10 s, the slow conversation gets the windows and
-    the speech regions of the usual blocks, its first window is submitted while most of the
-    file is still unscanned, and every utterance comes back."""
+    scan takes seconds); and a request keeps only a few windows submitted at once, the next
+    planned as one ends, so that a long file neither holds every window's samples nor queues
+    every window ahead of the requests after it. Scanned in blocks of 10 s, the slow
+    conversation gets the windows and the speech regions of the usual blocks; decoded two
+    windows at a time, its first window is submitted while most of the file is still
+    unscanned, never more than two are decoded at once, and every utterance comes back."""
     truth = read_truth(made["slow_truth"])
     audio, _ = sf.read(made["slow"], dtype="float32")
     options = TranscriptionOptions(timestamps=True, beam_size=1)
@@ -205,8 +208,23 @@ async def test_a_long_file_decodes_while_it_is_still_scanned(made, runtime, monk
     assert [(w.start_sample, w.joins) for w in windows] == [(w.start_sample, w.joins) for w in usual_windows]
     assert all(np.array_equal(w.samples, u.samples) for w, u in zip(windows, usual_windows))
 
+    monkeypatch.setattr(engine, "max_request_windows", 2)
+    decoding, most = 0, 0
+    decode_window = runtime.transcriber._decode_window
+
+    async def counted(*args):
+        nonlocal decoding, most
+        decoding += 1
+        most = max(most, decoding)
+        try:
+            return await decode_window(*args)
+        finally:
+            decoding -= 1
+
+    monkeypatch.setattr(runtime.transcriber, "_decode_window", counted)
     events.clear()
     result = await runtime.transcriber.transcribe(audio, options)
     scanned_before_decoding = events[: events.index("submit")].count("scan")
     assert scanned_before_decoding < events.count("scan") // 2, events
+    assert most == 2 < len(windows)
     assert score(truth, result.text)["missing"] == []

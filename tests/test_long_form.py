@@ -2,6 +2,9 @@
 prompting."""
 
 import asyncio
+import gc
+import weakref
+from contextlib import aclosing
 
 import jiwer
 import numpy as np
@@ -9,7 +12,7 @@ import pytest
 
 from asr_service.chunking import AudioChunk
 from asr_service.fallback import QualityThresholds
-from asr_service.transcription import Transcriber, TranscriptionOptions
+from asr_service.transcription import Finished, Transcriber, TranscriptionOptions
 
 from support.clips import load_clip, reference
 from support.textnorm import normalize
@@ -95,6 +98,7 @@ class _Recording:
 
     def __init__(self, engine):
         self.engine, self.name, self.warm_copies, self.beam_search = engine, engine.name, engine.warm_copies, engine.beam_search
+        self.max_request_windows = engine.max_request_windows
         self.decodes = []
 
     def submit(self, audio, params):
@@ -335,6 +339,34 @@ async def test_each_window_drops_its_alignment_attention_once_its_words_are_time
     assert len(outcomes) == 2 and all(o.words for o in outcomes)
     assert all(o.result.cross_attention is None for o in outcomes)
     assert [w.word for w in result.words] == [w.word for o in outcomes for w in o.words]
+
+
+async def test_a_decoded_window_keeps_its_time_map_and_not_its_samples(runtime, monkeypatch):
+    """A window joined across pauses is a copy of its stretches of the audio. What is kept of a
+    decoded window until the response is assembled is its map alone, so a long file's speech is
+    not held twice: when the result is ready, no window's samples are alive, and the segments
+    are still timed in the audio."""
+    samples_alive = []
+    submit = runtime.transcriber.engine.submit
+
+    def watched(audio, params):
+        samples_alive.append(weakref.ref(audio if audio.base is None else audio.base))
+        return submit(audio, params)
+
+    monkeypatch.setattr(runtime.transcriber.engine, "submit", watched)
+    pause = np.zeros(int(2.5 * SR), np.float32)
+    clips = [load_clip(*c) for c in (("en", "counting"), ("en", "quick_brown_fox"))] * 4
+    audio = np.concatenate([part for clip in clips for part in (pause, clip)])
+    async with aclosing(runtime.transcriber.run(audio, TranscriptionOptions(timestamps=True))) as events:
+        async for event in events:
+            if isinstance(event, Finished):
+                gc.collect()
+                assert samples_alive and [ref for ref in samples_alive if ref() is not None] == []
+                result = event.result
+    assert len(samples_alive) >= 2  # windows (and any continuations or parts) were decoded
+    assert result.text.lower().count("fox") == 4, result.text
+    assert all(0 <= s.start <= s.end <= result.duration for s in result.segments)
+    assert [s.start for s in result.segments] == sorted(s.start for s in result.segments)
 
 
 async def test_word_times_in_a_language_without_spaces(runtime):

@@ -64,6 +64,8 @@ class BatchEngine:
         self.max_batch_size = max_batch_size
         self.max_encode_batch = max_encode_batch
         self.max_audio_windows = min(max_audio_windows or max_batch_size, max_batch_size)
+        # The windows it decodes at once, and two more that wait (engine.interface.Engine).
+        self.max_request_windows = self.max_audio_windows + 2
         # Set here for the threads that start after the engine, and again on the engine's own
         # thread as it starts (_run): see there.
         self.threads = threads or torch.get_num_threads()

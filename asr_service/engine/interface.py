@@ -45,6 +45,11 @@ class Engine(Protocol):
     # How many decodes warmup sends per grammar variant, so every server behind it compiles each.
     warm_copies: int
     beam_search: bool  # whether it decodes params with beam_size above 1
+    # How many windows of one request are submitted at once (a window with its continuations
+    # counts once); its later windows are planned as these end. Enough to keep the engine's
+    # batch full, few enough that a long file neither holds all its windows' samples at once
+    # nor queues all of them ahead of the requests that come after it.
+    max_request_windows: int
 
     def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
         """Start decoding one sequence over one audio window (call from the event loop).

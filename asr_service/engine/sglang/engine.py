@@ -56,6 +56,9 @@ class SGLangEngine:
         """``canaries``: the canary decode for each carrier (the one for DETECT_KEY cannot hold
         text before <|startoftranscript|>; the one for INPUT_IDS should, to prove it is carried)."""
         self.pool = BackendPool(list(urls), retry_after=retry_after_s)
+        # SGLang batches on the GPU what it is sent: a long file's windows go out 32 per server
+        # at a time (engine.interface.Engine).
+        self.max_request_windows = 32 * len(urls)
         self.decoder_start_id = decoder_start_id
         self.canaries = {carrier: canaries[carrier] for carrier in Carrier}
         self._admissions: dict[str, asyncio.Task] = {}  # url -> the canary run in progress
