@@ -210,3 +210,24 @@ def test_windows_handed_out_as_regions_arrive_are_the_windows_of_all_regions_at_
         assert [(w.start_sample, w.samples.shape[0], w.joins) for w in got] == \
             [(w.start_sample, w.samples.shape[0], w.joins) for w in want]
         assert all(np.array_equal(g.samples, w.samples) for g, w in zip(got, want))
+
+
+def test_a_released_window_keeps_its_map_and_is_rebuilt_from_the_audio():
+    """A decoded window is kept without its samples (its time map only) and made again from the
+    request's audio when it must be decoded again (a language outlier): the same samples, the
+    same map."""
+    audio = noise(60)
+    [window] = speech_windows(audio, [(2 * SR, 5 * SR), (20 * SR, 24 * SR), (30 * SR, 31 * SR)])
+    assert len(window.joins) == 2
+    released = window.released()
+    assert released.samples is None
+    assert (released.start_sample, released.length, released.joins) == \
+        (window.start_sample, window.samples.shape[0], window.joins)
+    assert released.duration == window.duration and released.end == window.end
+    assert released.source_seconds(5.0) == window.source_seconds(5.0)
+    assert released.stretches == [(int(1.6 * SR), int(5.6 * SR)), (int(19.4 * SR), int(24.6 * SR)),
+                                  (int(29.4 * SR), int(31.4 * SR))]
+    rebuilt = released.rebuilt(audio)
+    assert np.array_equal(rebuilt.samples, window.samples)
+    assert (rebuilt.start_sample, rebuilt.joins, rebuilt.join_margin) == \
+        (window.start_sample, window.joins, window.join_margin)
