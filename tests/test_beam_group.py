@@ -64,3 +64,22 @@ def test_in_the_forced_prefix_every_beam_takes_the_most_probable_token():
     assert not group.expanded and not group.finished
     text = group.select([Hypothesis([1], [math.log(0.5)])] * 3, prefix)
     assert sorted(t for _, t, _ in text) == [0, 1, 2]  # then beam 0 expands into three
+
+
+def test_the_continuations_chosen_are_the_best_over_every_beam_and_token():
+    """The search ranks each beam's best tokens before ranking across beams; what it keeps must
+    be what ranking every (beam, token) pair at once keeps, whichever beam holds the best ones."""
+    generator = torch.Generator().manual_seed(3)
+    size, vocab = 4, 600
+    for trial in range(20):
+        group = BeamGroup(size=size, eot_id=EOT, expanded=True)
+        rows = torch.log_softmax(torch.randn(size, vocab, generator=generator) * 4, dim=-1)
+        rows[trial % size, :] += 3.0  # one beam's tokens outrank the others': all its best are taken
+        rows = torch.log_softmax(rows, dim=-1)
+        beams = [Hypothesis([9, b], [-0.5 * b - 0.1 * trial, -0.2]) for b in range(size)]
+        scores = torch.tensor([b.score for b in beams])[:, None] + rows
+        ranked = sorted(((float(scores[b, t]), b, t) for b in range(size) for t in range(vocab)), reverse=True)
+        expected = [(b, t) for _, b, t in ranked if t != EOT][:size]
+        chosen = group.select(beams, rows)
+        assert [(p, t) for p, t, _ in chosen] == expected
+        assert all(lp == float(rows[p, t]) for p, t, lp in chosen)

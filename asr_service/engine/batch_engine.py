@@ -307,7 +307,10 @@ class BatchEngine:
         slots = [i for i, s in enumerate(self._active) if s.group is group]
         beams = [self._active[i] for i in slots]
         in_prefix = beams[0].text_tokens() is None
-        chosen = _in_parent_slots(group.select([b.as_hypothesis() for b in beams], logprobs[slots].cpu(), in_prefix))
+        # The beams of a group usually sit in consecutive rows: then a view, not a copy of their rows.
+        consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
+        rows = logprobs[slots[0] : slots[0] + len(slots)] if consecutive else logprobs[slots]
+        chosen = _in_parent_slots(group.select([b.as_hypothesis() for b in beams], rows.cpu(), in_prefix))
         if chosen:
             self._slots.copy_self_rows(slots[: len(chosen)], [slots[p] for p, _, _ in chosen],
                                        max(len(b.tokens) for b in beams))

@@ -55,15 +55,19 @@ class BeamGroup:
             return [(i, token, lp) for i in range(len(beams))]
         rows = logprobs if self.expanded else logprobs[:1]
         self.expanded = True
-        scores = torch.tensor([b.score for b in beams[: rows.shape[0]]], dtype=rows.dtype)[:, None] + rows
+        # Each beam's best 2 * size tokens first: the best 2 * size continuations over all beams
+        # are among them (adding a beam's score keeps the order of its row), and ranking these few
+        # costs far less than ranking every beam's whole vocabulary as one list.
+        per_beam = rows.topk(min(2 * self.size, rows.shape[1]), dim=-1)
+        scores = torch.tensor([b.score for b in beams[: rows.shape[0]]], dtype=rows.dtype)[:, None] + per_beam.values
         top = torch.topk(scores.flatten(), min(2 * self.size, scores.numel()))
-        vocab = rows.shape[1]
+        width, tokens, values = scores.shape[1], per_beam.indices.tolist(), per_beam.values.tolist()
         chosen: list[tuple[int, int, float]] = []
         for score, flat in zip(top.values.tolist(), top.indices.tolist()):
             if score == float("-inf"):
                 break  # the constraint leaves no more ways on
-            parent, token = divmod(flat, vocab)
-            lp = float(rows[parent, token])
+            parent, rank = divmod(flat, width)
+            token, lp = tokens[parent][rank], values[parent][rank]
             if token == self.eot_id:
                 if len(self.finished) < self.size:
                     self.finished.append(Hypothesis(beams[parent].tokens + [token], beams[parent].logprobs + [lp]))
