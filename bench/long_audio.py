@@ -112,7 +112,7 @@ TURN_PAIRS = [("json", {"response_format": "json"}, False),
 def turns(url: str, model, paths: dict[str, Path], rounds: int) -> dict:
     """Per file and pair, ``rounds`` rounds of the service and the batched pipeline one right
     after the other (which goes first alternates), and the pipeline's seconds over the
-    service's: its throughput as a multiple of the pipeline's. The target takes the median."""
+    service's: its throughput as a multiple of the pipeline's, and the median ratio, the figure to quote."""
     from faster_whisper import BatchedInferencePipeline
 
     pipeline = BatchedInferencePipeline(model)

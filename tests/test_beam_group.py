@@ -74,9 +74,11 @@ def test_the_continuations_chosen_are_the_best_over_every_beam_and_token():
     for trial in range(20):
         group = BeamGroup(size=size, eot_id=EOT, expanded=True)
         rows = torch.log_softmax(torch.randn(size, vocab, generator=generator) * 4, dim=-1)
-        rows[trial % size, :] += 3.0  # one beam's tokens outrank the others': all its best are taken
-        rows = torch.log_softmax(rows, dim=-1)
-        beams = [Hypothesis([9, b], [-0.5 * b - 0.1 * trial, -0.2]) for b in range(size)]
+        # Every other trial one beam is far ahead of the rest, so all the continuations kept are
+        # its own; in the others the beams are close and the kept ones come from several.
+        ahead = trial % size if trial % 2 == 0 else None
+        beams = [Hypothesis([9, b], [0.0 if b == ahead else -0.5 * b - (50.0 if ahead is not None else 0.0), -0.2])
+                 for b in range(size)]
         scores = torch.tensor([b.score for b in beams])[:, None] + rows
         ranked = sorted(((float(scores[b, t]), b, t) for b in range(size) for t in range(vocab)), reverse=True)
         expected = [(b, t) for _, b, t in ranked if t != EOT][:size]
