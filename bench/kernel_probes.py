@@ -13,8 +13,10 @@ Five probes, one run, the packaged model's shapes (float32):
 3. The decoder's cross-attention products over 7 windows' K/V, for 1 query a window (greedy)
    and 5 (a 5-beam search), with the K/V stored as the engine stores them ([audios, heads,
    frames, head dim]) and frames-last ([audios, heads, head dim, frames], read through
-   transposed views), float32, and bfloat16 through the fused kernel; plus whether a window's
-   result is the same alone as among the seven.
+   transposed views), float32, and bfloat16 through the fused kernel and as the engine's
+   bfloat16 products (engine/model.py ``_audio_attention``, what ``bf16`` decodes with), with
+   each bfloat16 form's relative error against float32; plus whether a window's result is the
+   same alone as among the seven.
 4. fbgemm's float32 product with float16-stored weights (what float32 runs on, engine/quantize.py)
    against float32 BLAS, at the shapes of decoding (1-40 rows) and of the encoder (1500 rows),
    with the largest difference between the two. And the vocabulary projection with one int8
@@ -40,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from asr_service.engine.features import SAMPLE_RATE, log_mel_spectrogram
+from asr_service.engine.model import _audio_attention
 from asr_service.engine.quantize import Fp16WeightLinear
 from asr_service.model_loading import load_model
 from support.clips import load_clip
@@ -91,6 +94,10 @@ class RowScaledInt8Linear(torch.nn.Module):
         return out.reshape(*x.shape[:-1], -1)
 
 
+def _relative_error(out: torch.Tensor, reference: torch.Tensor, digits: int = 6) -> float:
+    return round(float((out - reference).norm() / reference.norm()), digits)
+
+
 def _with_linear_layers(module: torch.nn.Module, make) -> torch.nn.Module:
     """A copy of ``module`` whose nn.Linear layers are ``make(weight, bias)``."""
     module = copy.deepcopy(module)
@@ -119,7 +126,7 @@ def encoder_int8(model) -> dict:
         out = variant(mel)
         beside_another = variant(torch.cat([mel, mel.flip(-1)]))[:1]
         report |= {f"{name}_ms": best_ms(lambda: variant(mel)),
-                   f"{name}_relative_error": round(float((out - reference).norm() / reference.norm()), 4),
+                   f"{name}_relative_error": _relative_error(out, reference, 4),
                    f"{name}_same_beside_another_window": bool(torch.equal(beside_another, out))}
     return report
 
@@ -150,7 +157,7 @@ def float16_weight_products(model) -> list[dict]:
         if n == model.dims.n_vocab:
             row_int8 = RowScaledInt8Linear(w, None)
             row |= {"int8_per_row_ms": best_ms(lambda: row_int8(x)),
-                    "int8_per_row_relative_error": round(float((row_int8(x) - reference).norm() / reference.norm()), 4)}
+                    "int8_per_row_relative_error": _relative_error(row_int8(x), reference, 4)}
         rows.append(row)
     return rows
 
@@ -172,6 +179,8 @@ def cross_attention_layouts(dims) -> list[dict]:
         bf16_frames_last = [tuple(t.to(torch.bfloat16) for t in pair) for pair in frames_last]
         q = torch.randn(WINDOWS, heads, queries, head_dim)
         qb = q.to(torch.bfloat16)
+        exact = _attention(q, *kv[0])
+        engine_bf16 = _audio_attention(q, *bf16[0])
         k, v = frames_last[0]
         alone = _attention(q[:1], k[:1], v[:1])
         rows.append({
@@ -183,6 +192,12 @@ def cross_attention_layouts(dims) -> list[dict]:
             "bfloat16_fused_ms": best_ms(lambda: [F.scaled_dot_product_attention(qb, k, v) for k, v in bf16]),
             "bfloat16_fused_frames_last_ms": best_ms(
                 lambda: [F.scaled_dot_product_attention(qb, k, v) for k, v in bf16_frames_last]),
+            "bfloat16_fused_relative_error": _relative_error(
+                F.scaled_dot_product_attention(qb, *bf16[0]).float(), exact),
+            "bfloat16_products_ms": best_ms(lambda: [_audio_attention(q, k, v) for k, v in bf16]),
+            "bfloat16_products_relative_error": _relative_error(engine_bf16, exact),
+            "bfloat16_products_same_alone_and_batched": bool(torch.equal(
+                _audio_attention(q[:1], bf16[0][0][:1], bf16[0][1][:1]), engine_bf16[:1])),
         })
     return rows
 
@@ -214,10 +229,9 @@ def float16_audio_cache(dims) -> dict:
     return {"windows": windows, "queries_per_window": 1, "one_layer": True,
             "float32_ms": best_ms(lambda: _attention(q, k, v)),
             "float16_fused_ms": best_ms(fused),
-            "float16_fused_relative_error": round(float((fused() - reference).norm() / reference.norm()), 6),
+            "float16_fused_relative_error": _relative_error(fused(), reference),
             "float16_per_head_fbgemm_ms": best_ms(per_head_fbgemm),
-            "float16_per_head_fbgemm_relative_error":
-                round(float((per_head_fbgemm() - reference).norm() / reference.norm()), 6)}
+            "float16_per_head_fbgemm_relative_error": _relative_error(per_head_fbgemm(), reference)}
 
 
 def main() -> None:

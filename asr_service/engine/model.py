@@ -108,14 +108,18 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 def _audio_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention over cached audio K/V, in the precision the cache keeps them in.
 
-    bfloat16 K/V (``--quantize bf16``, see engine/quantize.py) go through the fused kernel, which
-    keeps scores and softmax in float32 and rounds only its output (which cross_out, a bfloat16
-    layer, rounds to bfloat16 anyway). It reads half the bytes of float32 K/V, the largest thing
-    a decode step reads. Unlike the plain products, its bfloat16 kernel with the full window as
-    keys and no mask gives a query the same result whatever the number of audios or of other
-    queries beside it (tests/test_engine.py checks the decode bit for bit)."""
+    bfloat16 K/V (``--quantize bf16``, see engine/quantize.py) are multiplied as bfloat16
+    products (oneDNN: float32 sums, bfloat16 results): the scores come out rounded to bfloat16,
+    as every bfloat16 layer's output does, the softmax runs in float32 on them and its weights
+    are rounded to bfloat16 for the product with V, as the fused kernel rounds them too. The
+    fused kernel (F.scaled_dot_product_attention) keeps the scores in float32 but took twice as
+    long for the few queries of a decode step (bench/kernel_probes.py), and this is the largest
+    thing a step reads. The products give a query the same result whatever the number of
+    audios beside it (each audio's heads are their own products), so a sequence still decodes
+    the same in any batch (tests/test_engine.py checks the decode bit for bit)."""
     if k.dtype == torch.bfloat16:
-        return F.scaled_dot_product_attention(q.to(torch.bfloat16), k, v).to(q.dtype)
+        scores = (q * q.shape[-1] ** -0.5).to(torch.bfloat16) @ k.transpose(-1, -2)
+        return (scores.softmax(dim=-1) @ v).to(q.dtype)
     return _attention(q, k, v)
 
 

@@ -13,7 +13,7 @@ accumulation (oneDNN, fast on CPUs with AVX512-BF16 or AMX); activations, layer 
 self-attention caches stay float32. The cross-attention K/V are cached in bfloat16, exactly as
 their bfloat16 products come out (V's bias is added after the attention), which halves the
 largest cache and what each decode step reads. With the decoder's self-attention written as
-plain products and its cross-attention in the fused kernel (engine/model.py), a sequence decoded
+plain products and its cross-attention as bfloat16 products (engine/model.py), a sequence decoded
 this way gets the same log-probabilities bit for bit whatever it is batched with
 (tests/test_engine.py), which float32 BLAS does not give. The encoder runs under bfloat16
 autocast (BatchEngine's encoder_dtype) with its linear and convolution weights stored in
