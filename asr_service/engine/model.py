@@ -112,11 +112,12 @@ def _audio_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     products (oneDNN: float32 sums, bfloat16 results): the scores come out rounded to bfloat16,
     as every bfloat16 layer's output does, the softmax runs in float32 on them and its weights
     are rounded to bfloat16 for the product with V, as the fused kernel rounds them too. The
-    fused kernel (F.scaled_dot_product_attention) keeps the scores in float32 but took two to six times as
-    long for the few queries of a decode step on an AVX512-BF16 CPU (bench/kernel_probes.py), and this is the largest
-    thing a step reads. The products give a query the same result whatever the number of
-    audios beside it (each audio's heads are their own products), so a sequence still decodes
-    the same in any batch (tests/test_engine.py checks the decode bit for bit)."""
+    fused kernel (F.scaled_dot_product_attention) keeps the scores in float32 but took two to
+    six times as long for the few queries of a decode step on an AVX512-BF16 CPU
+    (bench/kernel_probes.py), and this is the largest thing a step reads. The products give a
+    query the same result whatever the number of audios beside it (each audio's heads are their
+    own products), so a sequence still decodes the same in any batch (tests/test_engine.py
+    checks the decode bit for bit)."""
     if k.dtype == torch.bfloat16:
         scores = (q * q.shape[-1] ** -0.5).to(torch.bfloat16) @ k.transpose(-1, -2)
         return (scores.softmax(dim=-1) @ v).to(q.dtype)
