@@ -1,5 +1,5 @@
-"""The logit steps that are plain arithmetic: the vocabulary projection's fast form, and vLLM's
-penalties and min_p, as vLLM defines them."""
+"""The logit steps that are plain arithmetic: the vocabulary projection's fast form, vLLM's
+penalties and min_p, as vLLM defines them, and the order Whisper's timestamps keep."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from asr_service.engine.logits import apply_penalties, sample_one
+from asr_service.engine.logits import NEG_INF, apply_penalties, apply_whisper_rules, sample_one
 from asr_service.engine.model import tall_projection
 from asr_service.engine.params import DecodeParams
 
@@ -21,9 +21,10 @@ class FakeRow:
     tokens: list[int] = field(default_factory=list)
     matcher: None = None
     generator: None = None
+    text: list[int] | None = None  # the text part's tokens, once it has begun
 
     def text_tokens(self):
-        return None
+        return self.text
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 33])
@@ -68,3 +69,22 @@ def test_min_p_keeps_only_tokens_near_the_most_likely():
     assert {sample_one(logits, strict, generator) for _ in range(50)} == {0}
     loose = DecodeParams(prompt_ids=(0,), eot_id=3, temperature=1.0, min_p=0.5)  # 0.3 / 0.5 >= 0.5 stays
     assert {sample_one(logits, loose, generator) for _ in range(200)} == {0, 1}
+
+
+def test_timestamps_pair_up_and_a_segment_opened_after_another_holds_text():
+    eot, ts = 10, 11  # token ids: text below 10, timestamps from 11 (0.02 s apart)
+    params = DecodeParams(prompt_ids=(0,), eot_id=eot, timestamp_begin=ts)
+
+    def allowed(text: list[int]) -> set[int]:
+        logits = torch.zeros(1, 40)
+        logits[0, :ts] = 5.0  # text and the end likelier than all timestamps together: none is forced
+        apply_whisper_rules([FakeRow(params, text=text)], logits)
+        return {i for i, v in enumerate(logits[0].tolist()) if v > NEG_INF}
+
+    text_ids = set(range(eot))
+    assert allowed([ts]) == text_ids | {eot}  # the window's first timestamp: its text, or nothing said
+    closed = allowed([ts, 1, 2, ts + 5])  # a segment closed at 0.10 s: the next opens there or later, or the end
+    assert closed == {eot} | set(range(ts + 5, 40))
+    # The next segment opened: its text follows, not the end (Whisper's sign of speech past the
+    # window, which the service's windows never cut: see _timestamp_order).
+    assert allowed([ts, 1, 2, ts + 5, ts + 6]) == text_ids

@@ -99,14 +99,25 @@ def _force_likely_timestamps(logits: torch.Tensor, ts_begin: int, indices: list[
 
 
 def _timestamp_order(logits: torch.Tensor, ts_begin: int, eot: int, seq: list[int]) -> None:
-    """Timestamps come in pairs and never go back."""
+    """Timestamps come in pairs and never go back, and a segment opened after another holds text.
+
+    The last rule is not OpenAI's. Whisper may end a decode on the opening timestamp of a
+    segment it leaves empty: its sign that speech runs on past the end of its 30 s window, and
+    the sequential algorithm seeks there. This service's windows end where speech pauses, or at
+    the quietest point where it does not (asr_service/chunking.py), so that sign is wrong in them,
+    and it left the window's last words to a continuation decoded from the second or two of
+    audio after the timestamp, heard alone, which misheard them (docs/long-form.md). Text
+    must follow instead, heard with the whole window. A window's very first timestamp may still
+    end the decode (nothing said in the window)."""
     last_ts = len(seq) >= 1 and seq[-1] >= ts_begin
     penultimate_ts = len(seq) < 2 or seq[-2] >= ts_begin
     if last_ts:
         if penultimate_ts:
-            logits[ts_begin:] = NEG_INF  # a closed pair: text (or end) must follow
+            logits[ts_begin:] = NEG_INF  # a segment has opened: its text follows
+            if len(seq) >= 2:
+                logits[eot] = NEG_INF  # after another segment: not the end either
         else:
-            logits[:eot] = NEG_INF  # an open segment: close it, or end
+            logits[:eot] = NEG_INF  # a segment has closed: the next one opens, or the decode ends
     timestamps = [t for t in seq if t >= ts_begin]
     if timestamps:
         # Never go back in time; a segment may not have zero length unless it closes a pair.
