@@ -101,11 +101,11 @@ def build(seed: int = 0) -> tuple[np.ndarray, list[Utterance]]:
     return _join(SCRIPT, pauses, LEAD_IN_SECONDS)
 
 
-def build_monologue(seed: int = 2) -> tuple[np.ndarray, list[Utterance]]:
-    """The same script read by one voice with breaths of 0.1-0.3 s only: speech that runs far
-    past 30 s without a pause, so every window is cut inside speech."""
+def build_monologue(seed: int = 2, voice: str = "D", longest_breath: float = 0.3) -> tuple[np.ndarray, list[Utterance]]:
+    """The same script read by one voice (``VOICES``) with breaths of 0.1 s to ``longest_breath``
+    only: speech that runs far past 30 s without a pause, so windows are cut inside speech."""
     rng = np.random.default_rng(seed)
-    return _join([("D", text) for _, text in SCRIPT], [float(rng.uniform(0.1, 0.3)) for _ in SCRIPT], 0.5)
+    return _join([(voice, text) for _, text in SCRIPT], [float(rng.uniform(0.1, longest_breath)) for _ in SCRIPT], 0.5)
 
 
 def build_slow(seed: int = 5) -> tuple[np.ndarray, list[Utterance]]:
