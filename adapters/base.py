@@ -18,8 +18,9 @@ class UnsupportedLanguageError(ValueError):
     def __init__(self, language: str, supported: tuple[str, ...]):
         self.language = language
         self.supported = supported
+        shown = language[:40] + "..." if isinstance(language, str) and len(language) > 40 else language
         super().__init__(
-            f"Unsupported language {language!r}. Supported ISO-639-1 codes: {', '.join(supported)}"
+            f"Unsupported language {shown!r}. Supported ISO-639-1 codes: {', '.join(supported)}"
         )
 
 
@@ -70,10 +71,25 @@ class TranscriptionAdapter(ABC):
         """Normalise an ISO-639-1 code; None stays None (detect). Raises UnsupportedLanguageError."""
         if language is None or language == "":
             return None
+        if not isinstance(language, str):
+            raise UnsupportedLanguageError(language, self.supported_languages)
         code = language.strip().lower()
         if code not in self.supported_languages:
             raise UnsupportedLanguageError(language, self.supported_languages)
         return code
+
+    def validate_language_choices(self, languages: list[str] | None) -> tuple[str, ...] | None:
+        """Normalise a list of codes detection may choose from; None or [] is no restriction.
+        Unlike a single language, an empty item is not "detect": it is refused, as is anything
+        that is not a supported code (UnsupportedLanguageError)."""
+        if not languages:
+            return None
+        codes = []
+        for language in languages:
+            if not isinstance(language, str) or not language.strip():
+                raise UnsupportedLanguageError(language, self.supported_languages)
+            codes.append(self.validate_language(language))
+        return tuple(dict.fromkeys(codes))
 
     @abstractmethod
     def build_prompt(self, language: str, task: str = "transcribe", timestamps: bool = False,

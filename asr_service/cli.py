@@ -268,13 +268,28 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _reference_file(limits: AudioLimits):
+    """The command line's known speaker references: files, at most ``limits.max_bytes`` read."""
+    def read(path: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(limits.max_bytes + 1)
+        except OSError as e:
+            raise OptionError("known_speaker_references", f"Cannot read the reference {path!r}: {e.strerror}") from None
+        if len(data) > limits.max_bytes:
+            raise OptionError("known_speaker_references", f"The reference {path!r} is larger than "
+                                                          f"{limits.max_bytes} bytes")
+        return data
+    return read
+
+
 async def _transcribe_files(args, runtime) -> int:
     from .diarization.pipeline import diarizer_for, reference_clips, transcribe_with_speakers  # only when used
 
     limits = AudioLimits(args.max_bytes, args.max_seconds)
     decoded_as = "diarized_json" if args.response_format == "rttm" else args.response_format  # RTTM: its turns
     values = _option_values(args)
-    diarization = build_diarization(values, args.task, decoded_as)
+    diarization = build_diarization(values, args.task, decoded_as, _reference_file(limits))
     options = build_options(values, runtime.adapter, args.task, decoded_as, diarized=diarization is not None,
                             default_beam_size=runtime.default_beam_size)
     refusal = runtime.transcriber.refusal(options)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 from adapters.base import TranscriptionAdapter, UnsupportedLanguageError
 
@@ -129,13 +130,19 @@ class DiarizationOptions:
 
     min_speakers: int | None = None
     max_speakers: int | None = None
-    known_speakers: tuple[tuple[str, str], ...] = ()  # (name, reference: data URL or path), in order
+    known_speakers: tuple[tuple[str, bytes], ...] = ()  # (name, the reference's encoded audio), in order
     keep_words: bool = False  # the request asked for word timestamps (diarization decodes them anyway)
 
 
-def build_diarization(values: Mapping[str, object], task: str, response_format: str) -> DiarizationOptions | None:
+def build_diarization(values: Mapping[str, object], task: str, response_format: str,
+                      read_reference: Callable[[str], bytes]) -> DiarizationOptions | None:
     """The request's diarization, or None when it asks for none. Raises OptionError for what
-    cannot apply (OpenAI's rules for gpt-4o-transcribe-diarize where they are its)."""
+    cannot apply (OpenAI's rules for gpt-4o-transcribe-diarize where they are its).
+
+    ``read_reference`` turns one known_speaker_references value into its encoded audio, and is
+    the entry point's own: the HTTP form's takes data URLs only (a value from the network never
+    names a file), the command line's reads a file. It runs after every other check, with the
+    entry point's bound on the bytes."""
     def given(name: str, default=None):
         value = values.get(name)
         return default if value is None else value
@@ -166,10 +173,32 @@ def build_diarization(values: Mapping[str, object], task: str, response_format: 
                                                  f"known_speaker_references {len(references)}: one name per reference")
     if len(set(names)) != len(names) or not all(n.strip() for n in names):
         raise OptionError("known_speaker_names", "known_speaker_names must be distinct and non-empty")
+    for name in names:
+        _check_speaker_name(name)
     if high is not None and len(names) > high:
         raise OptionError("known_speaker_names", f"{len(names)} known speakers is more than max_speakers ({high})")
-    return DiarizationOptions(min_speakers=low, max_speakers=high, known_speakers=tuple(zip(names, references)),
+    if len(names) > MAX_SPEAKERS:
+        raise OptionError("known_speaker_names", f"{len(names)} known speakers is more than {MAX_SPEAKERS}")
+    clips = tuple((name, read_reference(reference)) for name, reference in zip(names, references))
+    return DiarizationOptions(min_speakers=low, max_speakers=high, known_speakers=clips,
                               keep_words="word" in given("timestamp_granularities", []))
+
+
+MAX_SPEAKER_NAME_LENGTH = 64
+
+
+def _check_speaker_name(name: str) -> None:
+    """A speaker's name is written into srt cues, vtt voice tags and rttm fields: control
+    characters (a newline would forge a cue), markup and whitespace runs are refused, not escaped
+    away, so the name a client gave is the name every format shows."""
+    if len(name) > MAX_SPEAKER_NAME_LENGTH:
+        raise OptionError("known_speaker_names", f"A speaker name must be at most {MAX_SPEAKER_NAME_LENGTH} characters, "
+                                                 f"got {len(name)}")
+    bad = sorted({c for c in name if unicodedata.category(c)[0] in "CZ" and c != " " or c in "<>&"})
+    if bad or name != name.strip():
+        shown = ", ".join(repr(c) for c in bad) or "leading or trailing spaces"
+        raise OptionError("known_speaker_names", f"A speaker name may hold letters, digits, punctuation and spaces, "
+                                                 f"not {shown} (names go into srt, vtt and rttm as they are)")
 
 
 def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, task: str, response_format: str,
@@ -188,7 +217,7 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         codes = given(name)
         try:
             if isinstance(codes, list):
-                languages[name] = tuple(adapter.validate_language(c) for c in codes) or None
+                languages[name] = adapter.validate_language_choices(codes)
             else:
                 languages[name] = adapter.validate_language(codes)
         except UnsupportedLanguageError as e:

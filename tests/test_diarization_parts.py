@@ -135,16 +135,16 @@ def test_subtitles_name_the_speaker_of_each_cue():
 ])
 def test_diarization_requests_that_cannot_apply_are_refused(values, response_format, task, param):
     with pytest.raises(OptionError) as refused:
-        build_diarization(values, task, response_format)
+        build_diarization(values, task, response_format, str.encode)
     assert refused.value.param == param
 
 
 def test_diarization_is_asked_for_by_format_or_flag():
-    assert build_diarization({}, "transcribe", "json") is None
+    assert build_diarization({}, "transcribe", "json", str.encode) is None
     asked = build_diarization({"diarize": True, "timestamp_granularities": ["word"], "known_speaker_names": ["a"],
-                               "known_speaker_references": ["x"]}, "transcribe", "vtt")
-    assert asked == DiarizationOptions(known_speakers=(("a", "x"),), keep_words=True)
-    assert build_diarization({}, "transcribe", "diarized_json") == DiarizationOptions()
+                               "known_speaker_references": ["x"]}, "transcribe", "vtt", str.encode)
+    assert asked == DiarizationOptions(known_speakers=(("a", b"x"),), keep_words=True)
+    assert build_diarization({}, "transcribe", "diarized_json", str.encode) == DiarizationOptions()
 
 
 def test_too_few_words_for_the_segments_are_an_error_too():

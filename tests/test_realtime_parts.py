@@ -6,6 +6,8 @@ import av
 import numpy as np
 import pytest
 
+from adapters.base import TranscriptionAdapter
+
 from asr_service.realtime import protocol
 from asr_service.realtime.input_audio import InputAudioDecoder, InputAudioError, InputFormat, parse_format
 from asr_service.realtime.session import SessionConfig
@@ -119,10 +121,20 @@ def test_final_text_continues_what_was_sent():
 
 # ---- protocol ----
 
-def validate(language):
-    if language not in (None, "en", "fr"):
-        raise ValueError(f"Unsupported language {language!r}")
-    return language
+class TwoLanguages(TranscriptionAdapter):
+    """The base adapter's language checks (the code under test) with two languages; nothing
+    here decodes, so the decoding methods are left out."""
+
+    supported_languages = ("en", "fr")
+
+    def _not_here(self, *args, **kwargs):
+        raise NotImplementedError("the protocol tests only check languages")
+
+    build_prompt = parse_fused_output = parse_output = forced_prefix_tokens = _not_here
+    tokens_before_text = decode_text = strip_special_tokens = _not_here
+
+
+validate = TwoLanguages()
 
 
 def test_openai_session_update_sets_format_language_and_vad():
@@ -159,6 +171,12 @@ def test_legacy_session_update_maps_onto_the_same_settings():
      "session.audio.input.transcription.allowed_languages"),
     ({"type": "transcription", "audio": {"input": {"transcription": {"allowed_languages": "fr"}}}},
      "session.audio.input.transcription.allowed_languages"),
+    ({"type": "transcription", "audio": {"input": {"transcription": {"allowed_languages": [""]}}}},
+     "session.audio.input.transcription.allowed_languages"),
+    ({"type": "transcription", "audio": {"input": {"transcription": {"allowed_languages": ["fr", " "]}}}},
+     "session.audio.input.transcription.allowed_languages"),
+    ({"type": "transcription", "audio": {"input": {"transcription": {"language": 5}}}},
+     "session.audio.input.transcription.language"),
     ({"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "session.audio.input.turn_detection.type"),
     ({"type": "transcription", "audio": {"input": {"turn_detection": {"threshold": 2}}}}, "session.audio.input.turn_detection"),
     ({"type": "transcription", "audio": {"input": {"format": {"type": "audio/flac"}}}}, "session.audio.input.format"),

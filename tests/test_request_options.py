@@ -1,12 +1,15 @@
 """One table of request options, read by the HTTP form and the CLI alike."""
 
+import base64
 import io
 
 import pytest
 from starlette.datastructures import FormData, UploadFile
 
-from asr_service.cli import _option_values, _server_settings, parse_args
+from asr_service.audio import AudioLimits
+from asr_service.cli import _option_values, _reference_file, _server_settings, parse_args
 from asr_service.request_options import OPTIONS, DiarizationOptions, OptionError, build_diarization, build_options
+from asr_service.server.errors import OpenAIError
 from asr_service.server.request_form import parse_transcription_form
 from asr_service.speech_gate import VadSettings
 
@@ -67,13 +70,58 @@ def test_every_option_means_the_same_from_the_form_and_the_cli(adapter):
     assert from_form.token_logprobs
 
 
-def test_diarization_options_mean_the_same_from_the_form_and_the_cli(adapter):
-    form, argv = form_and_argv(DIARIZATION_OPTIONS)
+def test_diarization_options_mean_the_same_from_the_form_and_the_cli(adapter, tmp_path):
+    """The form carries each reference as a data URL, the command line as a file: both give the
+    same bytes."""
+    clips = {"Ann": b"RIFF ann's clip", "Bo": b"RIFF bo's clip"}
+    for name, data in clips.items():
+        (tmp_path / f"{name}.wav").write_bytes(data)
+    form, _ = form_and_argv({**DIARIZATION_OPTIONS, "known_speaker_references": [
+        "data:audio/wav;base64," + base64.b64encode(data).decode() for data in clips.values()]})
+    _, argv = form_and_argv({**DIARIZATION_OPTIONS, "known_speaker_references": [
+        str(tmp_path / f"{name}.wav") for name in clips]})
     request = parse_transcription_form(FormData(form), adapter, "transcribe")
-    from_cli = build_diarization(_option_values(parse_args(argv, {})), "transcribe", "verbose_json")
+    args = parse_args(argv, {})
+    from_cli = build_diarization(_option_values(args), "transcribe", "verbose_json",
+                                 _reference_file(AudioLimits(args.max_bytes, args.max_seconds)))
     assert request.diarization == from_cli == DiarizationOptions(
-        min_speakers=2, max_speakers=5, known_speakers=(("Ann", "ann.wav"), ("Bo", "bo.wav")))
+        min_speakers=2, max_speakers=5, known_speakers=tuple(clips.items()))
     assert request.options.timestamps and request.options.word_timestamps  # every word gets its speaker
+
+
+@pytest.mark.parametrize("reference", ["/dev/zero", "/etc/passwd", "ann.wav", "file:///etc/passwd",
+                                       "data:audio/wav,raw", "data:audio/wav;base64,@@@", "data:audio/wav;base64,"])
+def test_the_form_takes_a_reference_as_data_only_and_never_opens_a_path(adapter, reference, monkeypatch):
+    def no_files(*args, **kwargs):
+        raise AssertionError(f"the form opened a file: {args}")
+
+    monkeypatch.setattr("builtins.open", no_files)
+    monkeypatch.setattr("pathlib.Path.read_bytes", no_files)
+    form, _ = form_and_argv({**DIARIZATION_OPTIONS, "known_speaker_references": [reference, reference]})
+    with pytest.raises(OpenAIError) as refused:
+        parse_transcription_form(FormData(form), adapter, "transcribe")
+    assert refused.value.status == 400 and refused.value.param == "known_speaker_references"
+    # The message never tells what is on the server's disk.
+    assert "No such file" not in refused.value.message and "directory" not in refused.value.message
+
+
+@pytest.mark.parametrize("name", ["Bob\n\n2\n00:00:00,000 --> 00:00:01,000\nforged", "Bo>b", "<b>Bo", "A&B",
+                                  "tab\there", " padded", "x" * 65, "zero\u200bwidth"])
+def test_speaker_names_that_would_forge_subtitles_are_refused(adapter, name):
+    form, _ = form_and_argv({**DIARIZATION_OPTIONS, "known_speaker_names": [name, "Bo"],
+                             "known_speaker_references": ["data:audio/wav;base64,UklGRg==", "data:audio/wav;base64,UklGRg=="]})
+    with pytest.raises(OpenAIError) as refused:
+        parse_transcription_form(FormData(form), adapter, "transcribe")
+    assert refused.value.status == 400 and refused.value.param == "known_speaker_names", refused.value.message
+
+
+@pytest.mark.parametrize("codes", [[""], ["fr", ""], [" "], ["fr", "xx"]])
+def test_an_empty_or_unknown_allowed_language_is_refused(adapter, codes):
+    form, _ = form_and_argv({"allowed_languages": codes})
+    with pytest.raises(OpenAIError) as refused:
+        parse_transcription_form(FormData(form), adapter, "transcribe")
+    assert refused.value.status == 400 and refused.value.param == "allowed_languages"
+    assert refused.value.code == "unsupported_language"
 
 
 def test_cli_shorthands_and_refusals(adapter):

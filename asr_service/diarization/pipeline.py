@@ -5,15 +5,12 @@ speakers' reference clips are decoded and enrolled first."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
-from ..audio import AudioError, AudioLimits, decode_audio
+from ..audio import AudioError, AudioLimits, AudioTooLongError, decode_audio
 from ..chunking import AudioChunk
 from ..pcm import SAMPLE_RATE
 from ..request_options import DiarizationOptions, OptionError
@@ -25,6 +22,7 @@ from .voice_encoder import VoiceEncoder
 
 # OpenAI's bounds on a known speaker's reference clip.
 REFERENCE_SECONDS = (2.0, 10.0)
+REFERENCE_MARGIN_S = 0.5  # decoded past the upper bound, to tell "too long" from the bound itself
 
 
 def diarizer_for(transcriber: Transcriber) -> Diarizer:
@@ -34,38 +32,49 @@ def diarizer_for(transcriber: Transcriber) -> Diarizer:
     return Diarizer(transcriber.gate, VoiceEncoder.pretrained())
 
 
-def reference_audio(reference: str, limits: AudioLimits) -> np.ndarray:
-    """A known speaker's clip from a data URL (``data:audio/...;base64,...``) or a file path
-    (the command line), checked to be 2-10 s long."""
-    if reference.startswith("data:"):
-        header, _, payload = reference.partition(",")
-        if not header.endswith(";base64"):
-            raise OptionError("known_speaker_references", "A reference must be a base64 data URL "
-                                                          "(data:audio/wav;base64,...)")
-        try:
-            data = base64.b64decode(payload, validate=True)
-        except binascii.Error:
-            raise OptionError("known_speaker_references", "A reference's base64 data does not decode") from None
-    else:
-        try:
-            data = Path(reference).read_bytes()
-        except OSError as e:
-            raise OptionError("known_speaker_references", f"Cannot read the reference {reference!r}: {e.strerror}") from None
+def reference_audio(data: bytes, limits: AudioLimits, deadline: float | None = None) -> np.ndarray:
+    """A known speaker's clip from its encoded audio, checked to be 2-10 s long. The bytes come
+    from the entry point (a data URL over HTTP, a file on the command line: see
+    request_options.build_diarization); this never reads a path. The decode stops just past 10 s,
+    so a reference costs at most that much work whatever its bytes claim."""
+    low, high = REFERENCE_SECONDS
     try:
-        audio = decode_audio(data, limits)
+        audio = decode_audio(data, replace(limits, max_seconds=high + REFERENCE_MARGIN_S), deadline=deadline)
+    except AudioTooLongError:
+        raise OptionError("known_speaker_references", f"A reference must be {low:g}-{high:g} s long; one is "
+                                                      f"longer than {high:g} s") from None
     except AudioError as e:
         raise OptionError("known_speaker_references", f"A reference is not audio this server can decode: {e}") from None
     seconds = audio.shape[0] / SAMPLE_RATE
-    low, high = REFERENCE_SECONDS
     if not low <= seconds <= high:
         raise OptionError("known_speaker_references", f"A reference must be {low:g}-{high:g} s long, got {seconds:.1f} s")
     return audio
 
 
-async def reference_clips(diarization: DiarizationOptions, limits: AudioLimits) -> dict[str, np.ndarray]:
+def _reference_clips(diarization: DiarizationOptions, limits: AudioLimits, request_seconds: float,
+                     on_progress: Callable[[float], None] | None, deadline: float | None) -> dict[str, np.ndarray]:
+    clips, total = {}, request_seconds
+    for name, data in diarization.known_speakers:
+        clip = reference_audio(data, limits, deadline)
+        total += clip.shape[0] / SAMPLE_RATE
+        if total > limits.max_seconds:
+            raise AudioTooLongError(f"the audio and its speaker references together are longer than the limit of "
+                                    f"{limits.max_seconds:g} seconds")
+        if on_progress is not None:
+            on_progress(total)
+        clips[name] = clip
+    return clips
+
+
+async def reference_clips(diarization: DiarizationOptions, limits: AudioLimits, request_seconds: float = 0.0,
+                          on_progress: Callable[[float], None] | None = None,
+                          deadline: float | None = None) -> dict[str, np.ndarray]:
     """The known speakers' clips, decoded and checked (OptionError naming the field otherwise):
-    before any work, so that a bad one is refused up front."""
-    return {name: await asyncio.to_thread(reference_audio, ref, limits) for name, ref in diarization.known_speakers}
+    before any work, so that a bad one is refused up front. Reference audio is work like the
+    request's own: ``on_progress`` hears the request's seconds plus the references' so far (it
+    may raise to refuse the request: admission), and the sum is held to ``limits.max_seconds``
+    (AudioTooLongError past it)."""
+    return await asyncio.to_thread(_reference_clips, diarization, limits, request_seconds, on_progress, deadline)
 
 
 def _speaker_turns(diarizer: Diarizer, audio: np.ndarray, diarization: DiarizationOptions,

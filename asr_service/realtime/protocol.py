@@ -21,6 +21,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 
+from adapters.base import TranscriptionAdapter
+
 from .input_audio import InputAudioError, InputFormat, parse_format
 from .session import (
     Cleared,
@@ -84,11 +86,12 @@ def _turn_detection(value, param: str) -> TurnDetectionSettings | None:
     return TurnDetectionSettings(threshold, padding, silence)
 
 
-def _transcription_fields(config: SessionConfig, spec: dict, param: str, validate_language) -> SessionConfig:
+def _transcription_fields(config: SessionConfig, spec: dict, param: str,
+                          adapter: TranscriptionAdapter) -> SessionConfig:
     changes = {}
     if "language" in spec:
         try:
-            changes["language"] = validate_language(spec["language"])
+            changes["language"] = adapter.validate_language(spec["language"])
         except ValueError as e:
             raise ProtocolError(str(e), code="unsupported_language", param=f"{param}.language") from None
     if "allowed_languages" in spec:  # ours, as the HTTP form's allowed_languages[]
@@ -97,7 +100,7 @@ def _transcription_fields(config: SessionConfig, spec: dict, param: str, validat
             raise ProtocolError("'allowed_languages' must be a list of language codes, or null",
                                 param=f"{param}.allowed_languages")
         try:
-            changes["allowed_languages"] = tuple(validate_language(c) for c in codes) if codes else None
+            changes["allowed_languages"] = adapter.validate_language_choices(codes)
         except ValueError as e:
             raise ProtocolError(str(e), code="unsupported_language", param=f"{param}.allowed_languages") from None
     if "model" in spec:
@@ -113,16 +116,16 @@ def _transcription_fields(config: SessionConfig, spec: dict, param: str, validat
     return replace(config, **changes)
 
 
-def vllm_session_update(config: SessionConfig, event: dict, validate_language) -> SessionConfig:
+def vllm_session_update(config: SessionConfig, event: dict, adapter: TranscriptionAdapter) -> SessionConfig:
     """vLLM's flat ``session.update`` {model, language, prompt, turn_detection}."""
-    config = _transcription_fields(config, event, "session", validate_language)
+    config = _transcription_fields(config, event, "session", adapter)
     if "turn_detection" in event:
         config = replace(config, turn_detection=_turn_detection(event["turn_detection"], "turn_detection"))
     return config
 
 
 def _session_fields(config: SessionConfig, block: dict, prefix: str, names: tuple[str, str, str],
-                    validate_language) -> SessionConfig:
+                    adapter: TranscriptionAdapter) -> SessionConfig:
     """The (format, transcription, turn detection) fields of one session shape, under their names."""
     format_key, transcription_key, turn_key = names
     try:
@@ -132,13 +135,13 @@ def _session_fields(config: SessionConfig, block: dict, prefix: str, names: tupl
     if transcription_key in block:
         param = f"{prefix}.{transcription_key}"
         config = _transcription_fields(config, require_object(block[transcription_key] or {}, param), param,
-                                       validate_language)
+                                       adapter)
     if turn_key in block:
         config = replace(config, turn_detection=_turn_detection(block[turn_key], f"{prefix}.{turn_key}"))
     return config
 
 
-def openai_session_update(config: SessionConfig, session: dict, validate_language) -> SessionConfig:
+def openai_session_update(config: SessionConfig, session: dict, adapter: TranscriptionAdapter) -> SessionConfig:
     """OpenAI's ``session.update`` {session: {type: "transcription", audio: {input: {...}}}}."""
     kind = session.get("type", "transcription")
     if kind != "transcription":
@@ -147,13 +150,13 @@ def openai_session_update(config: SessionConfig, session: dict, validate_languag
     audio = require_object(session.get("audio", {}), "session.audio")
     audio_input = require_object(audio.get("input", {}), "session.audio.input")
     return _session_fields(config, audio_input, "session.audio.input", ("format", "transcription", "turn_detection"),
-                           validate_language)
+                           adapter)
 
 
-def legacy_session_update(config: SessionConfig, session: dict, validate_language) -> SessionConfig:
+def legacy_session_update(config: SessionConfig, session: dict, adapter: TranscriptionAdapter) -> SessionConfig:
     """The older ``transcription_session.update`` {session: {input_audio_format, ...}}."""
     return _session_fields(config, session, "session",
-                           ("input_audio_format", "input_audio_transcription", "turn_detection"), validate_language)
+                           ("input_audio_format", "input_audio_transcription", "turn_detection"), adapter)
 
 
 # ---- session descriptions ----

@@ -2,9 +2,9 @@
 the /v1/realtime WebSocket, and the browser page at /.
 
 Start-up loads the model and runs warmup in the background; until both are done every
-route but /health answers 503 (OpenAI error shape) and /health says 503 too. Two ASGI
+route but /health answers 503 (OpenAI error shape) and /health says 503 too. Three ASGI
 middlewares wrap everything: the request log (id, JSON line, request metrics) outside, the
-gate (API keys, draining at shutdown) inside it.
+security headers, then the gate (API keys, draining at shutdown) inside.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from fastapi.staticfiles import StaticFiles
 
 from .errors import install_error_handlers
 from .gate import Gate
+from .headers import SecurityHeaders
 from .realtime_ws import realtime_endpoint
 from .request_log import RequestLog
 from .state import ServerSettings, ServerState, backend_status
@@ -41,6 +42,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.server = state
     install_error_handlers(app)
     app.add_middleware(Gate, door=state.door)
+    app.add_middleware(SecurityHeaders)  # on every answer, refusals at the door included
     app.add_middleware(RequestLog, metrics=state.metrics)  # added last: the outermost
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with either

@@ -16,6 +16,15 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
           429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error"}
 
 
+ECHO_LIMIT = 100  # characters of a client's value quoted back in an error message
+
+
+def echoed(value: str) -> str:
+    """A client's value as an error message quotes it: repr'd, and cut to a readable length (a
+    100,000-character model name is not sent back whole)."""
+    return repr(value) if len(value) <= ECHO_LIMIT else repr(value[:ECHO_LIMIT]) + f"... ({len(value)} characters)"
+
+
 class OpenAIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type: str | None = None, headers: dict | None = None):

@@ -21,7 +21,7 @@ from warmup import WarmupReport, run_warmup
 
 from ..heap import return_freed_memory
 from ..runtime import Runtime, RuntimeSettings, build_runtime
-from .errors import OpenAIError
+from .errors import OpenAIError, echoed
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +134,8 @@ class ModelPool:
             return self.default
         model = self._by_name.get(name)
         if model is None:
-            raise OpenAIError(404, f"The model '{name}' does not exist; this server serves: {', '.join(self.names)}",
-                              param="model", code="model_not_found")
+            raise OpenAIError(404, f"The model {echoed(name)} does not exist; this server serves: "
+                                   f"{', '.join(self.names)}", param="model", code="model_not_found")
         return model
 
     async def load_default(self) -> None:

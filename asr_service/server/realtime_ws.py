@@ -23,7 +23,7 @@ from ..realtime import protocol
 from ..realtime.input_audio import InputAudioDecoder, InputAudioError
 from ..realtime.protocol import OPENAI, VLLM, ProtocolError
 from ..realtime.session import Completed, RealtimeLimits, RealtimeSession, SessionConfig
-from .errors import OpenAIError
+from .errors import OpenAIError, echoed
 from .gate import (GRACE_OVER_MESSAGE, POLICY_VIOLATION, SERVICE_RESTART, TRY_AGAIN_LATER, Door, dialect_of,
                    offered_subprotocol, refuse_websocket)
 from .metrics import ServerMetrics
@@ -150,7 +150,7 @@ class RealtimeConnection:
         elif kind == "transcription_session.update":
             self._switch_to(OPENAI)
             session = protocol.require_object(event.get("session", {}), "session")
-            self._apply(protocol.legacy_session_update(self.session.config, session, self._validate_language))
+            self._apply(protocol.legacy_session_update(self.session.config, session, self.runtime.adapter))
             self._outbox.put_nowait({"type": "transcription_session.updated", "event_id": protocol.new_event_id(),
                                      "session": protocol.legacy_session_object(self.session_id, self.session.config,
                                                                                self.model_name)})
@@ -181,7 +181,7 @@ class RealtimeConnection:
         if "session" in event:  # OpenAI's shape
             self._switch_to(OPENAI)
             session = protocol.require_object(event["session"], "session")
-            self._apply(protocol.openai_session_update(self.session.config, session, self._validate_language))
+            self._apply(protocol.openai_session_update(self.session.config, session, self.runtime.adapter))
             self._outbox.put_nowait({"type": "session.updated", "event_id": protocol.new_event_id(),
                                      "session": protocol.session_object(self.session_id, self.session.config,
                                                                         self.model_name)})
@@ -189,7 +189,7 @@ class RealtimeConnection:
             if self.dialect != VLLM:
                 raise ProtocolError("session.update needs a 'session' object in a transcription session",
                                     param="session")
-            self._apply(protocol.vllm_session_update(self.session.config, event, self._validate_language))
+            self._apply(protocol.vllm_session_update(self.session.config, event, self.runtime.adapter))
 
     def _switch_to(self, dialect: str) -> None:
         """A connection without ?intent=transcription turns OpenAI on its first OpenAI-shaped update."""
@@ -205,7 +205,8 @@ class RealtimeConnection:
         names = self.lease.model.entry.names
         if config.model is not None and config.model not in names:
             raise ProtocolError(f"This session transcribes with '{self.model_name}'; a session's model is chosen "
-                                f"when it connects: reconnect with ?model={config.model}", code="model_not_found",
+                                f"when it connects: reconnect with the model {echoed(config.model)} in ?model=",
+                                code="model_not_found",
                                 param="model")
         if config.input_format != self._decoder.format:
             self._decoder = InputAudioDecoder(config.input_format)
@@ -213,11 +214,6 @@ class RealtimeConnection:
             self.session.configure(config)
         except ValueError as e:
             raise ProtocolError(str(e), code="unsupported_value") from None
-
-    def _validate_language(self, language):
-        if language is not None and not isinstance(language, str):
-            raise ProtocolError("'language' must be a string (an ISO-639-1 code) or null", param="language")
-        return self.runtime.adapter.validate_language(language)
 
     async def _send_loop(self) -> None:
         while (body := await self._outbox.get()) is not None:

@@ -8,6 +8,8 @@ users know.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
@@ -79,6 +81,28 @@ def _values(form: FormData) -> dict[str, object]:
     return values
 
 
+def reference_from_data_url(reference: str) -> bytes:
+    """A known speaker's reference clip as the HTTP form carries it: a base64 data URL and
+    nothing else. A value from the network is data, never a path: whatever else it holds is
+    refused without looking at the server's files (the command line, cli.py, reads files). Its
+    size is bounded by the form parser's limit on a field."""
+    if not reference.startswith("data:"):
+        raise OptionError("known_speaker_references", "Over HTTP a reference is a base64 data URL "
+                                                      "(data:audio/wav;base64,...); file paths are read by the "
+                                                      "command line only")
+    header, _, payload = reference.partition(",")
+    if not header.endswith(";base64"):
+        raise OptionError("known_speaker_references", "A reference must be a base64 data URL "
+                                                      "(data:audio/wav;base64,...)")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except binascii.Error:
+        raise OptionError("known_speaker_references", "A reference's base64 data does not decode") from None
+    if not data:
+        raise OptionError("known_speaker_references", "A reference's data is empty")
+    return data
+
+
 def model_named(form: FormData) -> str | None:
     """The served model the request names (None: the server's default)."""
     return _text(form, "model")
@@ -115,7 +139,7 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
                                                "verbose_json stream is OpenAI's (stream_format=openai)",
                               code="unsupported_value")
         values = _values(form)
-        diarization = build_diarization(values, task, response_format)
+        diarization = build_diarization(values, task, response_format, reference_from_data_url)
         if diarization is not None and stream and stream_format == "chunk":
             raise OptionError("stream_format", "stream_format=chunk has no place for speakers; a diarized stream "
                                                "is OpenAI's (stream_format=openai)", code="unsupported_value")

@@ -239,9 +239,15 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
         if req.diarization is not None:
             try:
                 diarizer = diarizer_for(runtime.transcriber)
-                clips = await reference_clips(req.diarization, state.settings.limits)
+                # Reference audio is work too: it counts toward admission and the request's limits.
+                clips = await reference_clips(req.diarization, state.settings.limits, seconds, ticket.claim, deadline)
+                seconds += sum(clip.shape[0] for clip in clips.values()) / runtime.adapter.config.sample_rate
             except OptionError as e:
                 raise OpenAIError(400, str(e), param=e.param, code=e.code) from None
+            except AudioError as e:
+                raise OpenAIError(400, str(e), param="known_speaker_references", code=e.code) from None
+            except TimeoutError:
+                raise _timed_out(timeout) from None
     except Overloaded as e:
         _release(ticket, lease)
         raise _busy(state, e) from None
