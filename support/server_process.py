@@ -20,8 +20,18 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *extra_args: str, env: dict[str, str] | None = None, open_files: int | None = None):
-        """``open_files``: the process's limit on open files (soft and hard), when not inherited."""
+    def __init__(self, *extra_args: str, env: dict[str, str] | None = None, open_files: int | None = None,
+                 address_space: int | None = None):
+        """``open_files``: the process's limit on open files (soft and hard), when not inherited;
+        ``address_space``: its limit on memory in bytes (a test that could make a faulty server
+        read without end gets a MemoryError there instead of the machine's OOM killer)."""
+        rlimits = {resource.RLIMIT_NOFILE: open_files, resource.RLIMIT_AS: address_space}
+        rlimits = {name: value for name, value in rlimits.items() if value is not None}
+
+        def set_limits():
+            for name, value in rlimits.items():
+                resource.setrlimit(name, (value, value))
+
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(f"/tmp/asr-service-test-{self.port}.log")
@@ -29,8 +39,7 @@ class ServerProcess:
         script = Path(sys.executable).parent / "asr-service"
         self.proc = subprocess.Popen([str(script), "serve", "--port", str(self.port), *extra_args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                     preexec_fn=None if open_files is None else lambda: resource.setrlimit(
-                                         resource.RLIMIT_NOFILE, (open_files, open_files)))
+                                     preexec_fn=set_limits if rlimits else None)
         self.health_statuses: list[int] = []
 
     def wait_ready(self, timeout: float = 180.0) -> None:

@@ -72,13 +72,13 @@ def four_voices():
 @pytest.fixture(scope="module")
 def start_server():
     """Start ``asr-service serve`` processes (flags as arguments); each is ready when returned
-    (``ready=False``: just started; ``open_files``: its limit on open files) and stopped when
+    (``ready=False``: just started; ``open_files``, ``address_space``: its limits) and stopped when
     the module's tests are done."""
     started: list[ServerProcess] = []
 
     def start(*args: str, env: dict[str, str] | None = None, ready: bool = True,
-              open_files: int | None = None) -> ServerProcess:
-        proc = ServerProcess(*args, env=env, open_files=open_files)
+              open_files: int | None = None, address_space: int | None = None) -> ServerProcess:
+        proc = ServerProcess(*args, env=env, open_files=open_files, address_space=address_space)
         started.append(proc)
         if ready:
             proc.wait_ready()

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,8 +20,10 @@ import pytest
 import soundfile as sf
 from openai.types.audio import TranscriptionDiarized
 
+from support.clips import clip_path, load_clip
 from support.dialogue import synthesize
 from support.speakers import VOICES
+from tests.test_server_api import assert_openai_error
 
 pytestmark = pytest.mark.server
 
@@ -37,9 +40,13 @@ def conversation(four_voices):
     return wav(audio), truth
 
 
+ADDRESS_SPACE = 8 * 2**30  # a server that read a device without end would fail here, not take the machine
+
+
 @pytest.fixture(scope="module")
 def server(start_server):
-    return start_server("--threads", "2")  # the default served names, OpenAI's diarizing model among them
+    # The default served names, OpenAI's diarizing model among them.
+    return start_server("--threads", "2", address_space=ADDRESS_SPACE)
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +162,72 @@ def test_what_cannot_apply_is_refused_and_the_server_stays_well(server, conversa
     assert translated.status_code == 400 and translated.json()["error"]["param"] == "response_format"
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     assert json.loads(post(server, {"response_format": "json"}, wav([0.0] * 32000)).text)["text"] == ""
+
+
+# ---- hostile input: references are data, names are plain, reference audio is work ----
+
+def data_url(audio: bytes) -> str:
+    return "data:audio/wav;base64," + base64.b64encode(audio).decode()
+
+
+def known_speakers(names: list[str], references: list[str]) -> dict:
+    return {"response_format": "diarized_json", "known_speaker_names[]": names, "known_speaker_references[]": references}
+
+
+def test_a_reference_that_names_a_path_or_device_is_refused_unread(server):
+    """Over HTTP a reference is a data URL: a path on the server (a device that never ends, a
+    secret, a real audio file, a folder, nothing) gets one and the same 400 at once, so the
+    answer tells nothing about the server's disk."""
+    audio = clip_path("en", "counting").read_bytes()
+    messages = set()
+    for path in ("/dev/zero", "/dev/urandom", "/etc/passwd", "/root/.ssh/id_rsa", str(clip_path("en", "hello_world")),
+                 "/tmp", "/no/such/file", "file:///etc/passwd"):
+        started = time.monotonic()
+        r = post(server, known_speakers(["Alice"], [path]), audio)
+        error = assert_openai_error(r, 400, param="known_speaker_references")
+        assert time.monotonic() - started < 10, path  # nothing was read: no decode, no timeout
+        messages.add(error["message"])
+    assert len(messages) == 1, messages
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+
+def test_speaker_names_that_would_forge_a_cue_or_a_tag_are_refused(server):
+    audio = clip_path("en", "counting").read_bytes()
+    reference = data_url(clip_path("en", "quick_brown_fox").read_bytes())
+    for name in ("Bob\n\n2\n00:00:00,000 --> 00:00:09,000\nforged", "Bob>evil", "</v>Bob", "A\rB"):
+        for response_format in ("srt", "vtt"):
+            r = post(server, {"response_format": response_format, "diarize": "true", "known_speaker_names[]": name,
+                              "known_speaker_references[]": reference}, audio)
+            assert_openai_error(r, 400, param="known_speaker_names")
+    named = post(server, {"response_format": "vtt", "diarize": "true", "known_speaker_names[]": "Dr. Ann O'Neil",
+                          "known_speaker_references[]": reference}, audio)
+    assert named.status_code == 200, named.text
+
+
+def audio_seconds_billed(server) -> float:
+    metrics = httpx.get(server.url + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("asr_audio_seconds_total{") and "transcriptions" in line)
+
+
+def test_reference_audio_is_billed_as_work(server):
+    audio = clip_path("en", "counting").read_bytes()
+    reference = data_url(clip_path("en", "quick_brown_fox").read_bytes())
+    before = audio_seconds_billed(server)
+    r = post(server, known_speakers(["Ann", "Bo"], [reference, reference]), audio)
+    assert r.status_code == 200, r.text
+    expected = (len(load_clip("en", "counting")) + 2 * len(load_clip("en", "quick_brown_fox"))) / 16000
+    assert audio_seconds_billed(server) - before == pytest.approx(expected, abs=0.05)
+
+
+def test_reference_audio_counts_toward_the_per_request_limit(start_server):
+    limited = start_server("--threads", "1", "--max-seconds", "7")
+    audio = clip_path("en", "counting").read_bytes()  # 3 s: within the limit alone
+    reference = data_url(clip_path("en", "quick_brown_fox").read_bytes())  # 2.9 s
+    assert post(limited, known_speakers(["Ann"], [reference]), audio).status_code == 200
+    r = post(limited, known_speakers(["Ann", "Bo"], [reference, reference]), audio)  # 8.8 s in all
+    error = assert_openai_error(r, 400, param="known_speaker_references", code="audio_too_long")
+    assert "together" in error["message"]
 
 
 CLI = str(Path(sys.executable).parent / "asr-service")

@@ -9,13 +9,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from asr_service.audio import AudioLimits, AudioTooLongError
 from asr_service.diarization.attribution import attribute, speaker_at
 from asr_service.diarization.clustering import cluster, match_known
 from asr_service.diarization.diarizer import SpeakerTurn, letter_names
+from asr_service.diarization.pipeline import reference_clips
 from asr_service.formats import to_diarized_json, to_srt, to_verbose_json, to_vtt
 from asr_service.request_options import DiarizationOptions, OptionError, build_diarization
 from asr_service.transcription import Segment, TranscriptionResult
+from asr_service.server.admission import Admission, AdmissionLimits, Overloaded
 from asr_service.word_timing import Word
+from support.clips import clip_path
+from tests.test_server_api import wav_bytes as wav_of
 
 pytestmark = pytest.mark.unit
 
@@ -162,3 +167,25 @@ def test_more_windows_than_the_tree_takes_are_clustered_all_the_same():
     embeddings, truth = voices([MAX_TREE_WINDOWS // 2, MAX_TREE_WINDOWS, MAX_TREE_WINDOWS // 2], seed=3)
     assert list(cluster(embeddings)) == list(truth)
     assert len(set(cluster(embeddings, max_speakers=2))) == 2
+
+
+async def test_reference_audio_is_admitted_as_work_and_held_to_the_request_limit():
+    """Each reference's seconds are claimed on the request's ticket as it is decoded: past the
+    pending-audio bound (with another request pending) it is Overloaded, as a long upload is."""
+    reference = clip_path("en", "quick_brown_fox").read_bytes()  # 2.9 s
+    known = DiarizationOptions(known_speakers=(("Ann", reference), ("Bo", reference)))
+    admission = Admission(AdmissionLimits(max_pending_audio_seconds=8.0))
+    other = admission.admit(audio_seconds=1.0)
+    ticket = admission.admit(audio_seconds=3.0)
+    with pytest.raises(Overloaded):  # 1 + 3 + 2.9 fits, the second reference does not
+        await reference_clips(known, AudioLimits(), request_seconds=3.0, on_progress=ticket.claim)
+    assert admission.pending_audio_seconds == pytest.approx(1.0 + 3.0 + 2.89, abs=0.01)
+    ticket.release()
+    other.release()
+    ticket = admission.admit(audio_seconds=3.0)
+    clips = await reference_clips(known, AudioLimits(), request_seconds=3.0, on_progress=ticket.claim)
+    assert set(clips) == {"Ann", "Bo"} and admission.pending_audio_seconds == pytest.approx(8.78, abs=0.01)
+    with pytest.raises(AudioTooLongError, match="together"):
+        await reference_clips(known, AudioLimits(max_seconds=8.0), request_seconds=3.0)
+    with pytest.raises(OptionError, match="longer than 10 s"):  # decoded no further than just past 10 s
+        await reference_clips(DiarizationOptions(known_speakers=(("Ann", wav_of(np.zeros(16000 * 60))),)), AudioLimits())

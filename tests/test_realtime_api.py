@@ -160,6 +160,9 @@ async def test_vllm_protocol_allowed_languages_confine_detection(ws_url):
         await ws.recv()
         await ws.send(json.dumps({"type": "session.update", "model": "whisper-1", "allowed_languages": ["pl", "xx"]}))
         await expect_error(ws, "unsupported_language")
+        for bad in ([""], ["pl", " "], [5]):  # refused, not kept to fail every later decode
+            await ws.send(json.dumps({"type": "session.update", "model": "whisper-1", "allowed_languages": bad}))
+            await expect_error(ws, "unsupported_language" if bad != [5] else "invalid_value")
         await ws.send(json.dumps({"type": "session.update", "model": "whisper-1", "allowed_languages": ["pl", "en"]}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await send_frames(ws, pcm16(load_clip("pl", "liczenie")), 3200, 0.01)

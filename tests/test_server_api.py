@@ -458,12 +458,35 @@ def test_unknown_language_names_the_parameter_and_lists_codes(server):
     ({"temperature_fallback": "true", "stream": "true"}, "temperature_fallback"),
     ({"detect_language_per_chunk": "false", "stream": "true"}, "detect_language_per_chunk"),
     ({"allowed_languages[]": "xx"}, "allowed_languages"),
+    ({"allowed_languages[]": ""}, "allowed_languages"),
+    ({"allowed_languages[]": ["fr", ""]}, "allowed_languages"),
     ({"chunking_strategy[type]": "server_vad", "chunking_strategy[threshold]": "2"}, "chunking_strategy"),
     ({"chunking_strategy": "auto", "vad_filter": "false"}, "chunking_strategy"),
 ])
 def test_bad_fields_are_400_naming_the_field(server, fields, param):
     with open(clip_path("en", "hello_world"), "rb") as f:
         assert_openai_error(post(server, fields, {"file": ("a.wav", f)}), 400, param)
+
+
+def test_every_answer_says_nosniff_and_the_page_sets_its_policy(server):
+    page = httpx.get(server.url + "/")
+    policy = page.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy and "'unsafe-inline'" not in policy
+    assert page.headers["x-frame-options"] == "DENY"
+    answers = [page, httpx.get(server.url + "/health"), httpx.get(server.url + "/v1/models"),
+               httpx.get(server.url + "/page/workbench.js"), httpx.get(server.url + "/v1/nothing"),
+               post(server, {"response_format": "tsv"}, {"file": ("a.wav", b"RIFF")})]
+    for answer in answers:
+        assert answer.headers["x-content-type-options"] == "nosniff", answer.url
+
+
+def test_a_huge_model_name_is_echoed_cut(server):
+    name = "m" * 100_000
+    with open(clip_path("en", "hello_world"), "rb") as f:
+        r = post(server, {"model": name}, {"file": ("a.wav", f)})
+    error = assert_openai_error(r, 404, "model", "model_not_found")
+    assert len(error["message"]) < 500 and "100000 characters" in error["message"]
+    assert len(httpx.get(server.url + "/v1/models/" + name[:20_000]).text) < 1000
 
 
 def test_translation_to_another_language_is_refused(server):
