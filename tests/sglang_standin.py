@@ -31,7 +31,8 @@ left. The stand-in's own parts, each a reading of SGLang's source rather than it
   background abort task).
 - Identical audio maps to one array, so the engine's encoder cache serves repeats (SGLang has a
   multimodal cache of its own).
-- Faults for tests: drop the connection before any token, or after N tokens.
+- Faults for tests: drop the connection before any token, or after N tokens; replies that break
+  the protocol (``REPLY_FAULTS``), on the front's canaries, on its other decodes, or on both.
 """
 
 from __future__ import annotations
@@ -65,10 +66,28 @@ class Refused(ValueError):
     """What SGLang raises as ValueError while setting a request up."""
 
 
+# Replies that break the protocol the way a version mismatch, a proxy or a crashing GPU worker does.
+REPLY_FAULTS = ("no_logprobs", "no_output_ids", "bad_json", "http_500", "truncated")
+
+
 @dataclass
 class Faults:
     drop_before_output: int = 0  # the next N requests: the connection drops before any token
     drop_after_tokens: int | None = None  # every request: the connection drops after this many tokens
+    # Until cleared, every reply to the requests ``reply_fault_on`` names ("canary": the front's
+    # admission decodes, "work": the others, "any") is broken as REPLY_FAULTS says:
+    # no_logprobs: events without output_token_logprobs; no_output_ids: events without
+    # output_ids; bad_json: an event that is not JSON; http_500: HTTP 500 before any event;
+    # truncated: the tokens, then [DONE] without the finishing event.
+    reply_fault: str | None = None
+    reply_fault_on: str = "any"
+
+    def breaks(self, rid: str) -> str | None:
+        """The fault the reply to ``rid`` gets, or None."""
+        canary = rid.startswith("asr-canary-")
+        if self.reply_fault_on == "any" or self.reply_fault_on == ("canary" if canary else "work"):
+            return self.reply_fault
+        return None
 
 
 @dataclass
@@ -186,6 +205,8 @@ class SGLangStandIn:
                 if stream:
                     return StreamingResponse(_refused_stream(str(e)), media_type="text/event-stream")
                 return JSONResponse({"error": {"message": str(e)}}, 400)
+            if self.faults.breaks(job.rid) == "http_500":
+                return JSONResponse({"error": {"message": "stand-in fault: internal server error"}}, 500)
             if job.stream:
                 return StreamingResponse(self._events(job), media_type="text/event-stream")
             last = None
@@ -218,8 +239,19 @@ class SGLangStandIn:
             raise ConnectionAbortedError("stand-in fault: connection dropped before any token")
         sent = 0
         done = False
+        fault = self.faults.breaks(job.rid)
         try:
             async for out in self._outputs(job):
+                if fault == "bad_json":
+                    yield b"data: {'output_ids': [\n\n"
+                    break
+                if fault == "no_logprobs":
+                    out["meta_info"].pop("output_token_logprobs", None)
+                    out["meta_info"].pop("output_token_ids_logprobs", None)
+                if fault == "no_output_ids":
+                    del out["output_ids"]
+                if fault == "truncated" and out["meta_info"]["finish_reason"] is not None:
+                    break  # the finishing event never comes
                 yield b"data: " + json.dumps(out).encode() + b"\n\n"
                 sent += 1
                 limit = self.faults.drop_after_tokens

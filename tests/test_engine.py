@@ -1,12 +1,15 @@
 """The decode loop itself: cancellation, token budget, probes."""
 
 import asyncio
+import threading
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
+from asr_service.engine.params import DecodeFailed, raise_if_failed
+from asr_service.transcription import TranscriptionOptions
 from support.clips import load_clip
 
 pytestmark = pytest.mark.model
@@ -275,3 +278,32 @@ async def test_a_row_left_with_nan_by_its_last_sequence_does_not_poison_the_next
             k[:, :, 40:] = float("nan")
             v[:, :, 40:] = float("nan")
     assert (await runtime.transcriber.transcribe(audio, TranscriptionOptions())).text == "Hello world."
+
+
+async def test_an_exception_in_a_step_fails_that_steps_decodes_and_the_engine_serves_on(runtime, monkeypatch, caplog):
+    engine, adapter = runtime.engine, runtime.adapter
+    armed = threading.Event()
+    real_step = engine._step
+
+    def faulty_step():
+        if armed.is_set():
+            armed.clear()
+            raise RuntimeError("injected fault")
+        real_step()
+
+    monkeypatch.setattr(engine, "_step", faulty_step)
+    noise = (0.1 * np.random.default_rng(0).standard_normal(16000 * 20)).astype(np.float32)
+    params = replace(adapter.build_fused_autodetect_params(), temperature=1.0, seed=7, max_new_tokens=200)
+    stream = engine.submit(noise, params)
+    seen = 0
+    async for _ in stream:
+        seen += 1
+        if seen == 3:
+            armed.set()
+    assert stream.result.finish_reason == "error" and "injected fault" in stream.result.error
+    with pytest.raises(DecodeFailed, match="the engine's step failed: RuntimeError: injected fault"):
+        raise_if_failed(stream.result)
+    assert "engine step failed" in caplog.text  # logged with its traceback
+    assert engine.figures().active_sequences == 0
+    result = await runtime.transcriber.transcribe(load_clip("en", "hello_world"), TranscriptionOptions(language="en"))
+    assert result.text.strip(" .").lower() == "hello world"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import io
 import json
 import time
@@ -28,7 +29,7 @@ from asr_service.engine.sglang import Carrier, SGLangEngine
 from asr_service.runtime import sglang_canaries
 from asr_service.transcription import Transcriber, TranscriptionOptions
 from support.clips import clip_path, load_clip
-from tests.sglang_standin import SGLangStandIn
+from tests.sglang_standin import REPLY_FAULTS, Faults, SGLangStandIn
 from tests.test_server_api import assert_openai_error, sse_events, wav_bytes
 
 pytestmark = pytest.mark.server
@@ -55,7 +56,7 @@ def standins(runtime, sglang_judges):
 @pytest.fixture(autouse=True)
 def no_faults(standins):
     for s in standins:
-        s.faults.drop_before_output, s.faults.drop_after_tokens = 0, None
+        s.faults = Faults()
     yield
 
 
@@ -246,6 +247,89 @@ async def test_a_server_failing_mid_decode_ends_the_sequence_unavailable_then_co
     assert all(s["state"] == "up" and s["prompt_carrier"] for s in tr.engine.pool.snapshot())
 
 
+# What each broken reply is called in the reason the front gives (in /health, the log, the error).
+FAULT_REASONS = {"no_logprobs": "no logprobs in the reply", "no_output_ids": "no output_ids",
+                 "bad_json": "not JSON", "http_500": "HTTP 500", "truncated": "without a finish reason"}
+
+
+async def wait_for_state(engine, url: str, state: str, seconds: float = 10.0) -> dict:
+    """The backend's snapshot once it is in ``state`` (its canary runs in the background)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        snapshot = next(b for b in engine.pool.snapshot() if b["url"] == url)
+        if snapshot["state"] == state:
+            return snapshot
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} not {state} in {seconds} s: {engine.pool.snapshot()}")
+
+
+@pytest.fixture
+def no_lost_task_errors(caplog):
+    """After the test: no task died with an exception nobody retrieved (asyncio logs those when
+    the task is collected)."""
+    yield
+    gc.collect()
+    assert "never retrieved" not in caplog.text and "Traceback" not in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("fault", REPLY_FAULTS)
+async def test_a_server_that_answers_its_canary_wrongly_is_out_with_the_reason_then_admitted_when_it_heals(
+        runtime, standins, fault, no_lost_task_errors):
+    a, _ = standins
+    a.faults.reply_fault, a.faults.reply_fault_on = fault, "canary"
+    tr = remote(runtime, a.url, retry_after_s=0.3)
+    sent_before = len(a.requests)
+    with pytest.raises(EngineUnavailable, match=FAULT_REASONS[fault]):
+        await tr.transcribe(load_clip("en", "hello_world"), TranscriptionOptions())
+    snapshot = tr.engine.pool.snapshot()[0]
+    assert snapshot["state"] == "down" and FAULT_REASONS[fault] in snapshot["last_error"]
+    assert all(body["rid"].startswith("asr-canary-") for body in a.requests[sent_before:])  # no work went to it
+    a.faults = Faults()
+    # Its retry time comes: the canary runs again without any request, and it is admitted.
+    await wait_for_state(tr.engine, a.url, "up")
+    result = await tr.transcribe(load_clip("en", "hello_world"), TranscriptionOptions(language="en"))
+    assert "world" in result.text.lower()
+    tr.engine.shutdown()
+
+
+@pytest.mark.parametrize("fault", REPLY_FAULTS)
+async def test_a_broken_reply_to_a_decode_is_a_clear_error_at_once_and_the_server_is_rechecked(
+        runtime, standins, fault, no_lost_task_errors):
+    a, _ = standins
+    tr = await admitted(runtime, a.url, retry_after_s=0.3)
+    a.faults.reply_fault, a.faults.reply_fault_on = fault, "work"
+    started = time.monotonic()
+    with pytest.raises(EngineUnavailable, match=FAULT_REASONS[fault]):
+        await tr.transcribe(load_clip("fr", "bonjour_monde"), TranscriptionOptions(language="fr"))
+    assert time.monotonic() - started < 3  # the decode of a 1 s clip, not a hang
+    assert tr.engine.figures().active_sequences == 0
+    a.faults = Faults()
+    await wait_for_state(tr.engine, a.url, "up")
+    result = await tr.transcribe(load_clip("fr", "bonjour_monde"), TranscriptionOptions())
+    assert result.language == "fr" and "bonjour" in result.text.lower()  # never an empty transcript
+    tr.engine.shutdown()
+
+
+@pytest.mark.parametrize("fault", REPLY_FAULTS)
+async def test_with_a_healthy_server_beside_it_every_request_is_served(runtime, standins, fault, no_lost_task_errors):
+    a, b = standins
+    tr = await admitted(runtime, a.url, b.url, retry_after_s=30)
+    a.faults.reply_fault = fault  # on its canaries and on work alike
+    for i, name in enumerate(("hello_world", "quick_brown_fox", "hello_world")):
+        if i == 0 and fault == "truncated":
+            # Found only at the end, when the tokens have reached the caller: no silent retry
+            # (what was shown cannot be taken back), a clear error at once instead.
+            with pytest.raises(EngineUnavailable, match=FAULT_REASONS[fault]):
+                await tr.transcribe(load_clip("en", name), TranscriptionOptions(fallback_temperatures=()))
+            continue
+        result = await tr.transcribe(load_clip("en", name), TranscriptionOptions(fallback_temperatures=()))
+        assert result.text.strip(), name
+    state = {s["url"]: s for s in tr.engine.pool.snapshot()}
+    assert state[a.url]["state"] == "down" and FAULT_REASONS[fault] in state[a.url]["last_error"]
+    assert state[b.url]["state"] == "up"
+    tr.engine.shutdown()
+
+
 async def test_no_server_reachable_is_unavailable_with_the_reason(runtime):
     tr = remote(runtime, "http://127.0.0.1:9", "http://127.0.0.1:1")
     with pytest.raises(EngineUnavailable, match="ConnectError"):
@@ -342,7 +426,7 @@ def test_front_warms_every_backend_and_reports_them(front, standins):
     metrics = httpx.get(front.url + "/metrics").text
     for s, carrier in zip(standins, ("detect_key", "input_ids")):
         assert f'asr_backend_up{{url="{s.url}"}} 1.0' in metrics
-        assert f'asr_backend_info{{prompt_carrier="{carrier}",state="up",url="{s.url}"}} 1.0' in metrics
+        assert f'asr_backend_info{{last_error="",prompt_carrier="{carrier}",state="up",url="{s.url}"}} 1.0' in metrics
 
 
 def test_front_sdk_fused_detection_and_verbose_json(front):
@@ -443,6 +527,33 @@ def test_front_sends_a_prompt_to_the_server_with_the_plugin_and_reports_dead_bac
                    timeout=60)
     assert_openai_error(r, 503, code="backend_unavailable")
     assert r.headers["retry-after"]
+
+
+def test_a_front_whose_backend_answers_without_logprobs_serves_on_the_other_and_readmits_it(standins, start_server):
+    """The version-mismatch case: A answers every /generate without the logprobs the body asks
+    for, from the front's start on. The front comes up on B, says why A is out, serves every
+    request, and takes A back once A answers correctly; its log shows no task that died."""
+    a, b = standins
+    a.faults.reply_fault = "no_logprobs"
+    front = start_server("--engine", "sglang", "--sglang-url", a.url, b.url, "--sglang-retry-after", "1")
+    health = httpx.get(front.url + "/health").json()
+    state = {x["url"]: x for x in health["backends"]}
+    assert health["status"] == "degraded" and state[a.url]["state"] in ("down", "unchecked")
+    assert "no logprobs in the reply" in state[a.url]["last_error"]
+    assert 'last_error="its canary decode failed: malformed reply: no logprobs' in httpx.get(front.url + "/metrics").text
+    files = {"file": ("hello.wav", clip_path("en", "hello_world").read_bytes(), "audio/wav")}
+    for _ in range(3):
+        r = httpx.post(front.url + "/v1/audio/transcriptions", files=files, timeout=60)
+        assert r.status_code == 200 and "world" in r.json()["text"].lower(), r.text
+    assert all(body["rid"].startswith("asr-canary-") for body in a.requests if "return_logprob" in body)
+    a.faults = Faults()
+    deadline = time.monotonic() + 20
+    while httpx.get(front.url + "/health").json()["status"] != "ok":
+        assert time.monotonic() < deadline, httpx.get(front.url + "/health").json()
+        time.sleep(0.2)
+    log = front.log_path.read_text()
+    assert "is out: its canary decode failed: malformed reply: no logprobs" in log
+    assert "never retrieved" not in log and "Traceback" not in log, log[-3000:]
 
 
 def test_fused_timestamps_constraint_opens_with_an_early_timestamp(runtime):

@@ -143,6 +143,20 @@ class BatchEngine:
         # initialisation, then the engine's count, on the engine's thread.
         torch.get_num_threads()
         torch.set_num_threads(self.threads)
+        while True:  # the loop's supervisor: a failure outside a step restarts the loop, logged
+            try:
+                self._serve()
+                break
+            except Exception as e:
+                log.exception("engine loop failed; restarting it")
+                self._fail_active(e)
+        for seq in list(self._pending) + self._active:
+            self._finish(seq, "cancelled")
+
+    def _serve(self) -> None:
+        """Admit and step until the engine stops. An exception in a step fails the sequences of
+        that step with its reason (their requests get it at once) and the engine goes on with
+        the rest: the ones still waiting, and every later one."""
         while (admitted := self._next_admissions()) is not None:
             try:
                 with torch.inference_mode():
@@ -153,13 +167,17 @@ class BatchEngine:
                         self._step()
             except Exception as e:  # never leave a caller waiting on a dead loop
                 log.exception("engine step failed")
-                for seq in admitted + self._active:
+                for seq in admitted:
                     if not seq.stream.result.finish_reason:
-                        self._finish(seq, "error", str(e))
-                self._active.clear()
-                self._audio_readers.clear()
-        for seq in list(self._pending) + self._active:
-            self._finish(seq, "cancelled")
+                        self._finish(seq, "error", f"the engine's step failed: {type(e).__name__}: {e}")
+                self._fail_active(e)
+
+    def _fail_active(self, error: Exception) -> None:
+        for seq in self._active:
+            if not seq.stream.result.finish_reason:
+                self._finish(seq, "error", f"the engine's step failed: {type(error).__name__}: {error}")
+        self._active.clear()
+        self._audio_readers.clear()
 
     def _next_admissions(self) -> list[DecodingSequence] | None:
         """Wait for work; take what fits in the free slots (None: the engine is stopping)."""

@@ -98,9 +98,14 @@ class EngineUnavailable(RuntimeError):
     """The decode could not be finished for want of a working engine server (try again later)."""
 
 
+class DecodeFailed(RuntimeError):
+    """The engine failed while decoding (an exception in its step, a reply it could not use):
+    this request gets the reason; the engine goes on serving the others."""
+
+
 def raise_if_failed(result: SequenceResult) -> None:
     """A decode that did not end by itself (stop, length or grammar) raises here."""
     if result.finish_reason == "unavailable":
         raise EngineUnavailable(result.error or "no engine server available")
     if result.finish_reason in ("error", "cancelled"):
-        raise RuntimeError(f"decode {result.finish_reason}: {result.error or 'no result'}")
+        raise DecodeFailed(f"the decode ended with {result.finish_reason}: {result.error or 'no result'}")

@@ -93,6 +93,9 @@ def _batch_size_histogram(sizes: dict[int, int]) -> HistogramMetricFamily:
                                  sum_value=sum(size * count for size, count in sizes.items()))
 
 
+LAST_ERROR_LABEL_LENGTH = 300  # /health has the whole reason
+
+
 def _backend_families(backends: list[dict]):
     """Each SGLang backend's state (none with the embedded engine), labelled by its URL."""
     if not backends:
@@ -101,8 +104,9 @@ def _backend_families(backends: list[dict]):
         "up": GaugeMetricFamily("asr_backend_up", "1 when the SGLang backend takes work, 0 while it is out", labels=["url"]),
         "info": GaugeMetricFamily("asr_backend_info", "The SGLang backend's state (up, down, unchecked: not yet "
                                   "through its canary) and how it is sent prompts (input_ids: the plugin; "
-                                  "detect_key: SGLang's private key; none until admitted)",
-                                  labels=["url", "state", "prompt_carrier"]),
+                                  "detect_key: SGLang's private key; none until admitted), and why it last "
+                                  "failed (empty if it never did)",
+                                  labels=["url", "state", "prompt_carrier", "last_error"]),
         "outstanding": GaugeMetricFamily("asr_backend_outstanding", "Decodes sent to the backend and not finished",
                                          labels=["url"]),
         "completed": CounterMetricFamily("asr_backend_completed", "Decodes the backend finished", labels=["url"]),
@@ -111,7 +115,8 @@ def _backend_families(backends: list[dict]):
     }
     for b in backends:
         families["up"].add_metric([b["url"]], 1 if b["state"] == "up" else 0)
-        families["info"].add_metric([b["url"], b["state"], b["prompt_carrier"] or "none"], 1)
+        families["info"].add_metric([b["url"], b["state"], b["prompt_carrier"] or "none",
+                                     (b["last_error"] or "")[:LAST_ERROR_LABEL_LENGTH]], 1)
         for name in ("outstanding", "completed", "failures"):
             families[name].add_metric([b["url"]], b[name])
     yield from families.values()

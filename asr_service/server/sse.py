@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import AsyncIterator
 
-from ..engine.params import EngineUnavailable
+from ..engine.params import DecodeFailed, EngineUnavailable
 from ..formats import diarized_segment, logprobs, to_verbose_json
 from ..streaming import StreamDelta, StreamDone, StreamFailed, StreamItem, StreamSegment
 from .errors import OpenAIError
@@ -32,6 +32,9 @@ async def _guarded(items: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem
             yield item
     except EngineUnavailable as e:
         yield StreamFailed(f"The decoding backend failed: {e}", code="backend_unavailable")
+    except DecodeFailed as e:
+        log.warning("stream's decode failed: %s", e)
+        yield StreamFailed(f"The decode failed: {e}", code="decode_failed")
     except Exception as e:  # noqa: BLE001 - reported to the client, logged by the caller's logger
         log.exception("stream failed")
         yield StreamFailed(f"transcription failed: {type(e).__name__}: {e}", code="internal_error")

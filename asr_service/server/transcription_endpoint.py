@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncGenerator, AsyncIterator
@@ -24,7 +25,7 @@ from starlette.background import BackgroundTask
 from starlette.datastructures import FormData
 
 from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_audio
-from ..engine.params import EngineUnavailable
+from ..engine.params import DecodeFailed, EngineUnavailable
 from ..diarization.pipeline import diarizer_for, reference_clips, stream_with_speakers, transcribe_with_speakers
 from ..formats import render, to_diarized_json, to_json, to_verbose_json
 from ..request_options import OptionError
@@ -37,6 +38,8 @@ from .model_pool import Lease
 from .request_form import TranscriptionRequest, model_named, parse_transcription_form
 from .sse import chunk_events, openai_events
 from .state import ServerState
+
+log = logging.getLogger(__name__)
 
 FORM_OVERHEAD = 1024 * 1024  # multipart boundaries and the other fields, on top of the file
 # Uploads decode on threads of their own: a burst of large or hostile files waits its turn here
@@ -292,6 +295,9 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
     except EngineUnavailable as e:
         raise OpenAIError(503, f"The decoding backend is unavailable: {e}", code="backend_unavailable",
                           headers={"Retry-After": "2"}) from None
+    except DecodeFailed as e:
+        log.warning("decode failed: %s", e)
+        raise OpenAIError(500, f"The decode failed: {e}", code="decode_failed") from None
     finally:
         _release(ticket, lease)
     if result is None:

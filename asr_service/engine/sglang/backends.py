@@ -87,13 +87,15 @@ class BackendPool:
         backend.failures_in_row = 0
         backend.down_until = 0.0
 
-    def failed(self, backend: Backend, error: str) -> None:
+    def failed(self, backend: Backend, error: str) -> float:
+        """Take ``backend`` out; returns the seconds until it is checked again."""
         backend.failures += 1
         backend.failures_in_row += 1
         backend.last_error = error
         backend.carrier = None  # checked again before it gets traffic
         delay = min(self.max_retry_after, self.retry_after * 2 ** (backend.failures_in_row - 1))
         backend.down_until = time.monotonic() + delay
+        return delay
 
     def unavailable_reason(self, carriers: frozenset[Carrier] = frozenset(Carrier)) -> str:
         now = time.monotonic()

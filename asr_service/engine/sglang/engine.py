@@ -13,7 +13,15 @@ the adapter's canary decodes (CanaryDecode), tried with each way of carrying the
 first (``wire.Carrier``): the first that passes is how that server is sent prompts from then on.
 A server that passes none (SGLang 0.5.22+ without the plugin, a router that drops the
 constraint, a server that refuses the body) is down with that reason in /health, /metrics and
-the log, and gets no traffic; it is checked again when its retry time comes.
+the log, and gets no traffic; it is checked again when its retry time comes (a watcher sends the
+canary then, whether or not decodes arrive).
+
+Faults: every reply is checked where it is read (``wire.StreamState``) against what the body asked
+for; a reply that is not SGLang's answer to it (no token ids, no logprobs, JSON that does not
+parse, a cut stream, a 5xx) is a BackendFailure: the server is taken out with that reason, and
+the sequence goes to another admitted server if none of its tokens reached the caller, or ends
+``unavailable`` at once. Each sequence's task owns its stream and finishes it whatever happens,
+so no caller waits on a decode that died; nothing raised in a task goes unlogged.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from .wire import Carrier
 log = logging.getLogger(__name__)
 
 ABORT_TIMEOUT_S = 5.0
+WATCH_INTERVAL_S = 1.0  # how often servers whose retry time has come are sent their canary
 CANARY_AUDIO = np.zeros(16000, np.float32)  # 1 s of silence
 
 
@@ -65,7 +74,8 @@ class SGLangEngine:
         self._timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=30.0, pool=None)
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task] = set()  # sequences and aborts in flight (strong references)
+        self._tasks: set[asyncio.Task] = set()  # sequences, canaries and aborts in flight (strong references)
+        self._watcher: asyncio.Task | None = None  # re-checks servers that are out (_watch)
         self._active = 0
         self.tokens_total = 0
         self.submitted_total = 0
@@ -97,6 +107,7 @@ class SGLangEngine:
         problem = self.refusal(params)
         if problem is not None:
             raise problem
+        self._watch()
         loop = asyncio.get_running_loop()
         stream = SequenceStream(loop)
         self.submitted_total += 1
@@ -130,47 +141,59 @@ class SGLangEngine:
         return self._client
 
     async def _run(self, audio: np.ndarray, params: DecodeParams, stream: SequenceStream) -> None:
-        carriers = self._carriers_for(params)
-        tried: set[str] = set()
+        """One sequence to its end. It owns the stream: whatever happens, the stream finishes
+        (a result, an error or cancelled), so no request waits on a decode nobody runs."""
         self._active += 1
         try:
-            while True:
-                await self._admit_due(tried, carriers)
-                backend = self.pool.pick(tried, carriers)
-                if backend is None:
-                    why = self.pool.unavailable_reason(carriers)
-                    return self._finish(stream, "unavailable", why if not tried else f"every SGLang backend failed: {why}")
-                tried.add(backend.url)
-                body = wire.generate_body(f"asr-{uuid.uuid4().hex}", audio, params, backend.carrier)
-                backend.outstanding += 1
-                try:
-                    reason, error = await self._generate(backend, body, params, stream,
-                                                         wire.forced_tokens(params, backend.carrier))
-                except asyncio.CancelledError:
-                    self._abort(backend, body["rid"])
-                    self._finish(stream, "cancelled")
-                    raise
-                except wire.GenerateError as e:  # the request itself: every server would say the same
-                    return self._finish(stream, "error", f"SGLang refused the decode: {e}")
-                except BackendFailure as e:
-                    self.pool.failed(backend, str(e))
-                    log.warning("SGLang backend %s failed: %s", backend.url, e)
-                    delivered = len(stream.result.token_ids)  # only a first attempt can have any
-                    if delivered == 0:
-                        self.retried_total += 1
-                        continue  # nothing reached the caller: send it to another server
-                    return self._finish(stream, "unavailable",
-                                        f"SGLang backend {backend.url} failed after {delivered} tokens: {e}")
-                finally:
-                    backend.outstanding -= 1
-                self.pool.succeeded(backend)
-                return self._finish(stream, reason, error)
+            await self._send(audio, params, stream)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug here must not leave the caller waiting: say so, and log it
+            log.exception("SGLang sequence failed inside the front")
+            self._finish(stream, "error", f"the front failed while decoding through SGLang: {type(e).__name__}: {e}")
         finally:
             self._active -= 1
+            if not stream.result.finish_reason:  # cancelled before it started: end it all the same
+                self._finish(stream, "cancelled")
+
+    async def _send(self, audio: np.ndarray, params: DecodeParams, stream: SequenceStream) -> None:
+        carriers = self._carriers_for(params)
+        tried: set[str] = set()
+        while True:
+            await self._admit_due(tried, carriers)
+            backend = self.pool.pick(tried, carriers)
+            if backend is None:
+                why = self.pool.unavailable_reason(carriers)
+                return self._finish(stream, "unavailable", why if not tried else f"every SGLang backend failed: {why}")
+            tried.add(backend.url)
+            body = wire.generate_body(f"asr-{uuid.uuid4().hex}", audio, params, backend.carrier)
+            backend.outstanding += 1
+            try:
+                reason, error = await self._generate(backend, body, params, stream,
+                                                     wire.forced_tokens(params, backend.carrier))
+            except asyncio.CancelledError:
+                self._abort(backend, body["rid"])
+                self._finish(stream, "cancelled")
+                raise
+            except wire.GenerateError as e:  # the request itself: every server would say the same
+                return self._finish(stream, "error", f"SGLang refused the decode: {e}")
+            except BackendFailure as e:
+                self._failed(backend, str(e))
+                delivered = len(stream.result.token_ids)  # only a first attempt can have any
+                if delivered == 0:
+                    self.retried_total += 1
+                    continue  # nothing reached the caller: send it to another server
+                return self._finish(stream, "unavailable",
+                                    f"SGLang backend {backend.url} failed after {delivered} tokens: {e}")
+            finally:
+                backend.outstanding -= 1
+            self.pool.succeeded(backend)
+            return self._finish(stream, reason, error)
 
     # ---- admission ----
     async def admit(self) -> None:
         """Check every server due for admission now, and wait for the verdicts."""
+        self._watch()
         runs = self._start_admissions()
         if runs:
             await asyncio.shield(asyncio.gather(*runs))
@@ -183,6 +206,22 @@ class SGLangEngine:
         if runs and not self.pool.live(exclude, carriers):
             # A decode cancelled while it waits leaves the admissions running for the others.
             await asyncio.shield(asyncio.gather(*runs))
+
+    def _watch(self) -> None:
+        """Keep checking servers that are out, on their retry schedule, whether or not decodes
+        arrive: one that answers its canary correctly again is admitted, and /health says so."""
+        loop = asyncio.get_running_loop()
+        if self._watcher is None or self._watcher.done() or self._watcher.get_loop() is not loop:
+            self._watcher = loop.create_task(self._watch_admissions())
+            self._keep(self._watcher)
+
+    async def _watch_admissions(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            try:
+                self._start_admissions()
+            except Exception:  # noqa: BLE001 - logged; the next round tries again
+                log.exception("SGLang admission watcher")
 
     def _start_admissions(self) -> list[asyncio.Task]:
         """The canary run of each server due for admission: at most one per server at a time,
@@ -212,17 +251,22 @@ class SGLangEngine:
             except ContractRefusal as e:
                 failure = str(e)
             except BackendFailure as e:
-                self.pool.failed(backend, str(e))
-                log.warning("SGLang backend %s failed: %s", backend.url, e)
-                return
+                return self._failed(backend, f"its canary decode failed: {e}")
+            except Exception as e:  # a reply no check foresaw: the server stays out, the front goes on
+                log.exception("SGLang backend %s: the canary's reply could not be read", backend.url)
+                return self._failed(backend, f"its canary's reply could not be read: {type(e).__name__}: {e}")
             if failure is None:
                 self.pool.admitted(backend, carrier)
                 log.info("SGLang backend %s admitted: the prompt goes as %s", backend.url, carrier.value)
                 return
             failures.append(f"with the prompt as {carrier.value}, {failure}")
-        why = "the canary decode failed: " + "; ".join(failures)
-        self.pool.failed(backend, why)
-        log.warning("SGLang backend %s gets no traffic: %s", backend.url, why)
+        self._failed(backend, "the canary decode failed: " + "; ".join(failures))
+
+    def _failed(self, backend: Backend, why: str) -> None:
+        """Take ``backend`` out with its reason: /health, /metrics and the log say it, and when
+        its canary runs again."""
+        retry_in = self.pool.failed(backend, why)
+        log.warning("SGLang backend %s is out: %s; its canary runs again in %.0f s", backend.url, why, retry_in)
 
     # ---- one call ----
     async def _generate(self, backend: Backend, body: dict, params: DecodeParams, stream: SequenceStream,
@@ -262,10 +306,13 @@ class SGLangEngine:
                         break
         except httpx.HTTPError as e:
             raise BackendFailure(f"{type(e).__name__}: {e}") from None
-        except ValueError as e:  # JSON that does not parse: not an SGLang server, or a broken one
-            raise BackendFailure(f"unreadable response: {e}") from None
+        except wire.MalformedReply as e:  # not an SGLang reply to this request: the server is at fault
+            raise BackendFailure(f"malformed reply: {e}") from None
         if state.finish is None:
             raise BackendFailure(f"the stream ended after {len(state.token_ids)} tokens without a finish reason")
+        if len(state.token_ids) < len(forced):
+            raise BackendFailure(f"malformed reply: it finished after {len(state.token_ids)} tokens, before the "
+                                 f"{len(forced)} the constraint forces")
         kind = state.finish.get("type")
         if kind == "stop":
             if state.finish.get("matched") == params.eot_id and result.token_ids[-1:] != [params.eot_id]:
@@ -282,7 +329,7 @@ class SGLangEngine:
         async def send():
             try:
                 await self._http().post(f"{backend.url}/abort_request", json={"rid": rid}, timeout=ABORT_TIMEOUT_S)
-            except httpx.HTTPError as e:
+            except Exception as e:  # noqa: BLE001 - best effort: closing the stream also aborts it
                 log.info("abort of %s on %s not delivered: %s", rid, backend.url, e)
 
         self._keep(asyncio.get_running_loop().create_task(send()))

@@ -168,36 +168,85 @@ def contract_refusal(status: int, text: str) -> str | None:
     return None
 
 
+class MalformedReply(ValueError):
+    """A reply that breaks the /generate protocol (a version mismatch, a proxy, a crashing
+    worker): the server failed, whatever the request was."""
+
+
 @dataclass
 class StreamState:
-    """What one streamed /generate call has delivered so far (cumulative or incremental events)."""
+    """What one streamed /generate call has delivered so far (cumulative or incremental events).
+
+    The one place a reply is read: every event is checked against what the request asked for
+    (``return_logprob`` was asked for, so every token comes with its logprob row; the rows
+    asked for with ``token_ids_logprob``), and anything else is a MalformedReply naming what is
+    missing. Nothing unchecked reaches the caller."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     first_position_logprobs: dict[int, float] | None = None  # token_ids_logprob rows at output 0
     finish: dict | None = None
 
-    def update(self, event: dict) -> list[int]:
+    def update(self, event) -> list[int]:
         """Take one event; returns the token ids it adds."""
+        if not isinstance(event, dict):
+            raise MalformedReply(f"an event is not a JSON object: {_shown(event)}")
         if "error" in event:
             error = event["error"]
             message = error.get("message") if isinstance(error, dict) else str(error)
             raise GenerateError(str(message), error.get("code") if isinstance(error, dict) else None)
-        ids = list(event.get("output_ids") or [])
-        meta = event.get("meta_info") or {}
+        ids = event.get("output_ids")
+        if not isinstance(ids, list) or not all(_is_id(t) for t in ids):
+            raise MalformedReply(f"an event carries no output_ids (token ids): {_shown(event)}")
+        meta = event.get("meta_info")
+        if not isinstance(meta, dict):
+            raise MalformedReply(f"an event has no meta_info: {_shown(event)}")
         total = meta.get("completion_tokens")
         cumulative = total is None or len(ids) == total
+        if cumulative and len(ids) < len(self.token_ids):
+            raise MalformedReply(f"an event holds {len(ids)} token ids after {len(self.token_ids)} were sent")
         new = ids[len(self.token_ids):] if cumulative else ids
-        rows = meta.get("output_token_logprobs") or []
+        rows = meta.get("output_token_logprobs")
+        if not isinstance(rows, list):
+            raise MalformedReply("no logprobs in the reply (output_token_logprobs, asked for with return_logprob)")
         rows = rows[len(self.logprobs):] if cumulative else rows
+        if len(rows) < len(new):
+            raise MalformedReply(f"no logprobs in the reply for {len(new) - len(rows)} of its {len(new)} new tokens")
+        for token, row in zip(new, rows):
+            if not (isinstance(row, list) and len(row) >= 2 and _is_logprob(row[0]) and row[1] == token):
+                raise MalformedReply(f"a logprob row {_shown(row)} does not match its token {token}")
         positions = meta.get("output_token_ids_logprobs") or []
         if self.first_position_logprobs is None and positions and (cumulative or not self.token_ids):
-            self.first_position_logprobs = {int(r[1]): _logprob(r[0]) for r in (positions[0] or [])}
+            self.first_position_logprobs = _position_logprobs(positions[0])
+        finish = meta.get("finish_reason")
+        if finish is not None and not (isinstance(finish, dict) and isinstance(finish.get("type"), str)):
+            raise MalformedReply(f"a finish_reason that is not SGLang's: {_shown(finish)}")
         self.token_ids += new
         self.logprobs += [_logprob(r[0]) for r in rows[: len(new)]]
-        if meta.get("finish_reason"):
-            self.finish = meta["finish_reason"]
+        if finish:
+            self.finish = finish
         return new
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_logprob(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _position_logprobs(rows) -> dict[int, float]:
+    """One output position's ``token_ids_logprob`` rows ([logprob, id, text] each) by id."""
+    if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) >= 2 and _is_id(r[1])
+                                             and _is_logprob(r[0]) for r in rows):
+        raise MalformedReply(f"output_token_ids_logprobs rows that are not [logprob, id, text]: {_shown(rows)}")
+    return {r[1]: _logprob(r[0]) for r in rows}
+
+
+def _shown(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 class GenerateError(Exception):
@@ -215,11 +264,15 @@ def _logprob(value) -> float:
     return value if math.isfinite(value) else float("-inf")
 
 
-def parse_event_line(line: str) -> dict | None:
-    """One SSE line -> its JSON event; None for blank lines, comments and ``[DONE]``."""
+def parse_event_line(line: str):
+    """One SSE line -> its JSON event (checked by StreamState.update); None for blank lines,
+    comments and ``[DONE]``."""
     if not line.startswith("data:"):
         return None
     payload = line[5:].strip()
     if not payload or payload == "[DONE]":
         return None
-    return json.loads(payload)
+    try:
+        return json.loads(payload)
+    except ValueError as e:
+        raise MalformedReply(f"an event is not JSON ({e}): {payload[:200]}") from None
