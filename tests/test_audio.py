@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from asr_service.audio import (
+    AudioError,
     AudioLimits,
     AudioTooLargeError,
     AudioTooLongError,
     InvalidAudioError,
     decode_audio,
 )
+from support.clips import clip_path
 
 pytestmark = pytest.mark.unit
 
@@ -180,3 +182,22 @@ def test_a_long_upload_is_held_about_once_while_it_is_decoded():
     samples_bytes, growth = map(int, probe.stdout.split())
     assert samples_bytes == 30 * 60 * 16000 * 4
     assert growth < 1.5 * samples_bytes, f"peak RSS grew {growth / 2**20:.0f} MiB for {samples_bytes / 2**20:.0f} MiB of samples"
+
+
+@pytest.mark.parametrize("container", ["hls", "ffconcat", "dash"])
+def test_an_upload_that_points_at_files_on_the_server_is_not_followed(tmp_path, container):
+    """Playlists and concat lists name other files: an upload is data, so none is opened (FFmpeg
+    reads the upload through PyAV's in-memory I/O, which gives demuxers no way to open more)."""
+    secret = tmp_path / "secret.wav"
+    secret.write_bytes(clip_path("en", "hello_world").read_bytes())
+    listing = {
+        "hls": f"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:2.0,\nfile://{secret}\n#EXTINF:2.0,\n{secret}\n"
+               "#EXT-X-ENDLIST\n",
+        "ffconcat": f"ffconcat version 1.0\nfile '{secret}'\n",
+        "dash": f'<?xml version="1.0"?><MPD xmlns="urn:mpeg:dash:schema:mpd:2011" type="static" '
+                f'mediaPresentationDuration="PT2S"><Period><AdaptationSet mimeType="audio/wav"><Representation '
+                f'id="a" bandwidth="256000"><BaseURL>file://{secret}</BaseURL></Representation></AdaptationSet>'
+                f'</Period></MPD>',
+    }[container]
+    with pytest.raises(AudioError):
+        decode_audio(listing.encode())
