@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from asr_service.request_options import OPTIONS
 from support.clips import clip_path, load_clip
 from tests.test_audio import encode_samples
 
@@ -61,11 +62,10 @@ def post(server, data, files) -> httpx.Response:
 
 
 SPEECH = clip_path("en", "hello_world").read_bytes()
-FIELDS = ["model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]", "stream",
-          "stream_format", "seed", "top_p", "top_k", "max_completion_tokens", "hotwords", "temperature_fallback",
-          "compression_ratio_threshold", "log_prob_threshold", "no_speech_threshold", "vad_filter",
-          "detect_language_per_chunk", "condition_on_previous_text", "use_beam_search", "n", "length_penalty",
-          "include[]", "to_language", "stream_include_usage"]
+# Every field the form reads: the option table's (lists as name[]) and the response's own.
+FIELDS = [o.name + "[]" if o.kind is list else o.name for o in OPTIONS] + [
+    "model", "response_format", "stream", "stream_format", "stream_include_usage", "stream_continuous_usage_stats",
+    "to_language"]
 VALUES = st.one_of(st.text(max_size=40), st.sampled_from(["true", "false", "0", "1", "-1", "nan", "inf", "1e309", "",
                                                           "json", "verbose_json", "srt", "vtt", "text", "en", "xx",
                                                           "word", "segment", "chunk", "openai", "8", "0.5", "100000"]),
@@ -78,6 +78,20 @@ VALUES = st.one_of(st.text(max_size=40), st.sampled_from(["true", "false", "0", 
 def test_form_fields(server, fields, with_file):
     files = {"file": ("hello.wav", SPEECH, "audio/wav")} if with_file else None
     check(post(server, fields, files))
+
+
+# An empty value, a huge one, and bytes no field expects.
+HOSTILE_VALUES = ["", "x" * 100_000, "\x00\ufffd{[\n\r<v>", "-1e309"]
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_every_field_alone_with_empty_huge_and_malformed_values(server, field):
+    """Each value is a correct result or a 4xx; a 400 names the field it is about."""
+    for value in HOSTILE_VALUES:
+        r = post(server, {field: value}, {"file": ("hello.wav", SPEECH, "audio/wav")})
+        check(r)
+        if r.status_code == 400:
+            assert r.json()["error"]["param"] == field.removesuffix("[]"), (field, value[:40], r.text[:300])
 
 
 def wav_header(channels: int, rate: int, bits: int, data_len: int, fmt: int = 1) -> bytes:
