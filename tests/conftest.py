@@ -87,3 +87,6 @@ def start_server():
     yield start
     for proc in started:
         proc.stop()
+    # A task that died with an exception nobody awaited is a request left hanging somewhere.
+    lost = [proc.log_path for proc in started if "Task exception was never retrieved" in proc.log_path.read_text()]
+    assert not lost, f"a server's log has a task that died unobserved: {lost}"

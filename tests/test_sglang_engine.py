@@ -311,12 +311,16 @@ async def test_a_broken_reply_to_a_decode_is_a_clear_error_at_once_and_the_serve
 
 
 @pytest.mark.parametrize("fault", REPLY_FAULTS)
-async def test_with_a_healthy_server_beside_it_every_request_is_served(runtime, standins, fault, no_lost_task_errors):
+@pytest.mark.parametrize("at", ["canary", "work"])
+async def test_with_a_healthy_server_beside_it_every_request_is_served(runtime, standins, fault, at,
+                                                                        no_lost_task_errors):
     a, b = standins
-    tr = await admitted(runtime, a.url, b.url, retry_after_s=30)
-    a.faults.reply_fault = fault  # on its canaries and on work alike
+    a.faults.reply_fault, a.faults.reply_fault_on = fault, at
+    # At admission: A breaks its first canary. Mid-decode: both were admitted, then A breaks work.
+    tr = remote(runtime, a.url, b.url, retry_after_s=30) if at == "canary" else await admitted(
+        runtime, a.url, b.url, retry_after_s=30)
     for i, name in enumerate(("hello_world", "quick_brown_fox", "hello_world")):
-        if i == 0 and fault == "truncated":
+        if i == 0 and fault == "truncated" and at == "work":
             # Found only at the end, when the tokens have reached the caller: no silent retry
             # (what was shown cannot be taken back), a clear error at once instead.
             with pytest.raises(EngineUnavailable, match=FAULT_REASONS[fault]):
