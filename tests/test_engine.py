@@ -9,24 +9,37 @@ import pytest
 import torch
 
 from asr_service.engine.params import DecodeFailed, raise_if_failed
+from asr_service.engine.stream import SequenceStream
 from asr_service.transcription import TranscriptionOptions
 from support.clips import load_clip
 
 pytestmark = pytest.mark.model
 
 
-async def test_cancel_frees_the_slot_within_a_step(runtime):
-    engine, adapter = runtime.engine, runtime.adapter
+async def after_three_tokens_of_a_long_decode(runtime, act) -> SequenceStream:
+    """A decode that goes on for many steps (sampling at temperature 1 on noise), with ``act``
+    called once its third token has arrived; returns its stream once it has ended."""
     noise = (0.1 * np.random.default_rng(0).standard_normal(16000 * 20)).astype(np.float32)
-    # Sampling at temperature 1 on noise keeps going for many steps.
-    params = replace(adapter.build_fused_autodetect_params(), temperature=1.0, seed=7, max_new_tokens=200)
-    stream = engine.submit(noise, params)
+    params = replace(runtime.adapter.build_fused_autodetect_params(), temperature=1.0, seed=7, max_new_tokens=200)
+    stream = runtime.engine.submit(noise, params)
     seen = 0
     async for _ in stream:
         seen += 1
         if seen == 3:
-            steps_at_cancel = engine.steps
-            stream.cancel()
+            act(stream)
+    return stream
+
+
+async def test_cancel_frees_the_slot_within_a_step(runtime):
+    engine = runtime.engine
+    at_cancel = []
+
+    def cancel(stream):
+        at_cancel.append(engine.steps)
+        stream.cancel()
+
+    stream = await after_three_tokens_of_a_long_decode(runtime, cancel)
+    steps_at_cancel = at_cancel[0]
     assert stream.result.finish_reason == "cancelled"
     assert engine.steps - steps_at_cancel <= 2
     for _ in range(50):
@@ -281,7 +294,7 @@ async def test_a_row_left_with_nan_by_its_last_sequence_does_not_poison_the_next
 
 
 async def test_an_exception_in_a_step_fails_that_steps_decodes_and_the_engine_serves_on(runtime, monkeypatch, caplog):
-    engine, adapter = runtime.engine, runtime.adapter
+    engine = runtime.engine
     armed = threading.Event()
     real_step = engine._step
 
@@ -292,14 +305,7 @@ async def test_an_exception_in_a_step_fails_that_steps_decodes_and_the_engine_se
         real_step()
 
     monkeypatch.setattr(engine, "_step", faulty_step)
-    noise = (0.1 * np.random.default_rng(0).standard_normal(16000 * 20)).astype(np.float32)
-    params = replace(adapter.build_fused_autodetect_params(), temperature=1.0, seed=7, max_new_tokens=200)
-    stream = engine.submit(noise, params)
-    seen = 0
-    async for _ in stream:
-        seen += 1
-        if seen == 3:
-            armed.set()
+    stream = await after_three_tokens_of_a_long_decode(runtime, lambda _: armed.set())
     assert stream.result.finish_reason == "error" and "injected fault" in stream.result.error
     with pytest.raises(DecodeFailed, match="the engine's step failed: RuntimeError: injected fault"):
         raise_if_failed(stream.result)
