@@ -207,6 +207,8 @@ class StreamState:
             raise MalformedReply(f"an event holds {len(ids)} token ids after {len(self.token_ids)} were sent")
         new = ids[len(self.token_ids):] if cumulative else ids
         rows = meta.get("output_token_logprobs")
+        if rows is None and not new:
+            rows = []  # an event that adds no token need not carry the (empty) rows
         if not isinstance(rows, list):
             raise MalformedReply("no logprobs in the reply (output_token_logprobs, asked for with return_logprob)")
         rows = rows[len(self.logprobs):] if cumulative else rows
