@@ -82,6 +82,10 @@ def browser(microphone_wav, tmp_path_factory):
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.downloads = tmp_path_factory.mktemp("downloads")  # where the page's downloads land
     driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(driver.downloads)})
+    # Whatever the server's Content-Security-Policy blocks on a page is kept in window.cspViolations.
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
+        "window.cspViolations = []; document.addEventListener('securitypolicyviolation', "
+        "e => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI));")})
     yield driver
     driver.quit()
 
@@ -320,3 +324,4 @@ def test_the_page_and_its_workbench_are_accessible(server, browser):
     wait_for_file_result(browser, 60)
     assert browser.find_elements(By.CSS_SELECTOR, "#blocks .block") and browser.find_elements(By.CSS_SELECTOR, ".word")
     assert accessibility_violations(browser) == []
+    assert browser.execute_script("return window.cspViolations") == []  # the page lives within its policy
