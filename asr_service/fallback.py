@@ -36,11 +36,6 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
-def may_be_silent(no_speech_prob: float | None, t: QualityThresholds) -> bool:
-    """What is known before the text is decoded: is_silent can still come out true."""
-    return t.no_speech is not None and no_speech_prob is not None and no_speech_prob > t.no_speech
-
-
 def is_silent(f: DecodeFigures, t: QualityThresholds) -> bool:
     """No speech: the speech gate heard none, or the no-speech probability is high and the
     text is not confidently decoded."""

@@ -108,8 +108,8 @@ OPTIONS: tuple[Option, ...] = (
                                       "with threshold, prefix_padding_ms, silence_duration_ms"),
     Option("detect_language_per_chunk", bool, "each 30 s chunk keeps the language it detected"),
     Option("condition_on_previous_text", bool, "condition each chunk on the text of the one before"),
-    Option("use_beam_search", bool, "beam search for the temperature-0 decode (default: on, except in a stream "
-                                    "and with the SGLang engine)"),
+    Option("use_beam_search", bool, "beam search for the temperature-0 decode (default: on, except with the SGLang "
+                                    "engine)"),
     Option("n", int, "beams of a beam search (default 5)", 1, 8),
     Option("length_penalty", float, "beam ranking: ((5 + length) / 6) ** penalty (default: divide by length)",
            0.0, 10.0),
@@ -202,12 +202,12 @@ def _check_speaker_name(name: str) -> None:
 
 
 def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, task: str, response_format: str,
-                  stream: bool = False, detection: str = "fused", diarized: bool = False,
-                  default_beam_size: int = 1) -> TranscriptionOptions:
+                  detection: str = "fused", diarized: bool = False, default_beam_size: int = 1) -> TranscriptionOptions:
     """TranscriptionOptions from parsed ``values`` (option name -> typed value; absent or None:
     not given). Raises OptionError for a bad value or a combination that cannot apply.
     ``default_beam_size``: the beams of a request that does not set use_beam_search (the
-    runtime's: 1 where its engine cannot search); a stream that does not is greedy."""
+    runtime's: 1 where its engine cannot search). Whether the response streams is not an
+    option of the decode: a stream is the same decode, released early."""
     def given(name: str, default=None):
         value = values.get(name)
         return default if value is None else value
@@ -261,16 +261,14 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
 
     searching = given("use_beam_search")
     if searching is None:
-        beams = 1 if stream or default_beam_size == 1 else given("n", default_beam_size)
+        beams = 1 if default_beam_size == 1 else given("n", default_beam_size)
     else:
         beams = given("n", DEFAULT_BEAM_SIZE) if searching else 1
     if beams == 1 and given("n", 1) > 1:
-        raise OptionError("n", "n sets the beams of a beam search, and this request decodes greedily (a stream, "
-                               "use_beam_search=false, or an engine without beam search); use n with "
+        raise OptionError("n", "n sets the beams of a beam search, and this request decodes greedily "
+                               "(use_beam_search=false, or an engine without beam search); use n with "
                                "use_beam_search=true", code="unsupported_value")
     fallback = given("temperature_fallback")
-    if stream:
-        _refuse_in_stream(beams, fallback, given("detect_language_per_chunk"))
     defaults = QualityThresholds()
     top_k = given("top_k")
     return TranscriptionOptions(
@@ -351,20 +349,3 @@ def _vad_settings(strategy: str | dict | None, vad_filter: bool) -> VadSettings:
                                                    f"got {strategy[name]!r}")
         changes[field] = value / per_unit
     return replace(VadSettings(), **changes)
-
-
-def _refuse_in_stream(beams: int, fallback: bool | None, per_chunk: bool | None) -> None:
-    """A stream shows text as it is decoded and cannot take it back: what would replace decoded
-    text cannot apply. Asked for explicitly, it is refused rather than ignored."""
-    if beams > 1:
-        raise OptionError("use_beam_search", "Beam search picks the best beam at the end; it cannot stream. "
-                                             "Use stream=false", code="unsupported_value")
-    if fallback is True:
-        raise OptionError("temperature_fallback", "A stream cannot retry a window hotter: its text was already "
-                                                  "sent. Use stream=false, or leave temperature_fallback unset",
-                          code="unsupported_value")
-    if per_chunk is False:
-        raise OptionError("detect_language_per_chunk", "A stream cannot re-decode chunks in the request's language: "
-                                                       "their text was already sent, so each chunk keeps the "
-                                                       "language it detected. Use stream=false",
-                          code="unsupported_value")

@@ -1,18 +1,20 @@
-"""Streaming transcription: the pipeline's events rendered as text deltas.
+"""Streaming transcription: the pipeline's finished windows released as text deltas.
 
-A renderer only: the pipeline (transcription.Transcriber.run with ``streamed=True``) decodes,
-parses the forced prefix and holds back windows that may hold no speech; this turns what it
-reports into deltas. Nothing reaches the caller before a chunk's prefix has parsed; deltas never
-carry special tokens; their concatenation is the final text. A stream whose prefix does not
-parse yields one StreamFailed, never an empty success.
+A renderer only: the pipeline (transcription.Transcriber.run) decodes exactly as for a full
+response and reports each window once it is final, in order; this releases each window's text
+as deltas of a word each. So the deltas only ever append, their concatenation is the result's text, and the
+done item carries the same result a request without ``stream`` gets. A request that the full
+response would refuse as a failed language detection (no text at all, a forced prefix that did
+not parse) ends in one StreamFailed, never an empty success.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from .transcription import ChunkDone, Finished, PipelineEvent, Segment, TokenTally, TranscriptionResult
+from .transcription import Finished, PipelineEvent, Segment, TranscriptionResult
 
 DETECTION_FAILED = "language auto-detect failed: forced-prefix sentinel was not produced before stream end"
 
@@ -48,41 +50,31 @@ class StreamSegment:
 StreamItem = StreamDelta | StreamFailed | StreamSegment | StreamDone
 
 
-def _visible(decoded: str) -> str:
-    # A trailing U+FFFD is a multi-byte character cut between tokens: wait for the rest.
-    # Leading and trailing whitespace is held back (the final text of a chunk is stripped).
-    return decoded.rstrip("\ufffd").strip()
+def _word_pieces(text: str) -> list[str]:
+    """``text`` cut before each word (a word keeps the space before it); the pieces join to it."""
+    pieces = re.findall(r"\s*\S+", text)
+    rest = text[len("".join(pieces)):]
+    return pieces + [rest] if rest else pieces
 
 
-def _next_delta(decoded: str, sent: str, emitted: str, joiner: str) -> tuple[str, str]:
-    """(delta to send, visible text of the chunk sent after it): only text that extends what
-    was sent goes out; a chunk's first delta carries the joiner after earlier chunks."""
-    visible = _visible(decoded)
-    if not visible.startswith(sent) or len(visible) <= len(sent):
-        return "", sent
-    separator = joiner if not sent and emitted else ""
-    return separator + visible[len(sent):], visible
-
-
-async def render_stream(events: AsyncIterator[PipelineEvent], tally: TokenTally | None = None) -> AsyncIterator[StreamItem]:
-    """StreamItems from a streamed run's ChunkText / ChunkDone / Finished events; each delta
-    carries the run's ``tally`` as it stands when the delta goes out (so it never goes back)."""
-    tally = TokenTally() if tally is None else tally
+async def render_stream(events: AsyncIterator[PipelineEvent]) -> AsyncIterator[StreamItem]:
+    """StreamItems from a run's ChunkDone / Finished events; each delta carries the tokens of
+    the windows released so far (vLLM's continuous usage stats: they never go back)."""
     emitted = ""  # every delta sent so far
-    sent = ""  # visible text of the current chunk already sent
+    prompt_tokens = completion_tokens = 0
     try:
         async for event in events:
             if isinstance(event, Finished):
-                yield StreamDone(text=emitted, result=event.result)
+                result = event.result
+                if result.detection_failure and not result.text:
+                    yield StreamFailed(f"{DETECTION_FAILED} ({result.detection_failure})")
+                    return
+                yield StreamDone(text=emitted, result=result)
                 continue
-            if isinstance(event, ChunkDone) and event.failure is not None:
-                yield StreamFailed(f"{DETECTION_FAILED} ({event.failure})")
-                return
-            delta, sent = _next_delta(event.text, sent, emitted, event.joiner)
-            if delta:
-                emitted += delta
-                yield StreamDelta(delta, tally.prompt_tokens, tally.completion_tokens)
-            if isinstance(event, ChunkDone):
-                sent = ""  # the next chunk starts
+            prompt_tokens += event.prompt_tokens
+            completion_tokens += event.completion_tokens
+            for piece in _word_pieces(event.text):  # a word at a time: a page fills smoothly
+                emitted += piece
+                yield StreamDelta(piece, prompt_tokens, completion_tokens)
     finally:
         await events.aclose()  # now, not at garbage collection: it cancels the engine work

@@ -1,20 +1,21 @@
 """The request pipeline: audio -> chunks -> adapter prompts -> engine -> adapter parsing -> result.
 
-One path for every caller. ``Transcriber.run`` yields events in chunk order: with
-``streamed=True`` the text of each chunk's decode as it grows (once its forced prefix has
-parsed), then each chunk's outcome, then the assembled result. ``transcribe`` drains it for the
-result; the streaming renderer (streaming.py) turns the events into deltas. Each chunk of a
-request is submitted as soon as it is planned (a long file's while the rest of it is still
-scanned for speech), so they decode concurrently in the engine's batch (one after another when
-each is conditioned on the text before it); results keep their true time offsets.
+One decode for every caller. ``Transcriber.run`` yields, in window order, each window's
+ChunkDone once the window is final, then the assembled result. ``transcribe`` drains it for the
+result; the streaming renderer (streaming.py) releases each ChunkDone's text as a delta. The
+decode does not know whether anyone reads the events early: a stream is the full response,
+released sooner, and the concatenated ChunkDone texts are the result's text by construction
+(_TextJoin). Each window of a request is submitted as soon as it is planned (a long file's while
+the rest of it is still scanned for speech), so they decode concurrently in the engine's batch
+(one after another when each is conditioned on the text before it); results keep their true
+time offsets.
 
-A window decoded with timestamps whose decode stops before the speech in it ends is decoded
-again from where its text stopped (the seek), streamed or not. A full response's window whose
-decode cannot be kept whole across the long pauses it leaves out (chunking.speech_windows) is
-cut there and decoded again in parts (_cuts); a stream's windows end at long pauses instead.
-
-What a streamed run leaves out, because text already shown cannot be taken back: temperature
-fallback and the re-decode of chunks whose language is an outlier.
+A window is final once its decode has been judged by the fallback policy (decoded again hotter
+when it fails the thresholds), continued where its text stopped before the speech in it ended
+(the seek), cut and decoded again in parts where it could not be kept whole across the long
+pauses it leaves out (_cuts), and its language settled: a window whose detection is an outlier
+of the vote of the windows up to it is decoded again in the vote's language. That rule looks
+only backwards, so a window's text never changes once it is released.
 """
 
 from __future__ import annotations
@@ -33,9 +34,7 @@ from .chunking import AudioChunk, SpeechWindowPacker, split_audio
 from .engine.features import HOP_LENGTH
 from .engine.interface import Engine
 from .engine.params import DecodeParams, SequenceResult, UnsupportedDecode, raise_if_failed
-from .engine.stream import SequenceStream
-from .fallback import (DecodeFigures, QualityThresholds, compression_ratio, is_silent, may_be_silent, needs_fallback,
-                       pick_best)
+from .fallback import DecodeFigures, QualityThresholds, compression_ratio, is_silent, needs_fallback, pick_best
 from .language_vote import is_outlier, vote
 from .speech_gate import SpeechGate, SpeechScan, VadSettings
 from .word_timing import FRAMES_PER_SECOND, Word, snap_to_speech_onsets, word_times
@@ -199,24 +198,14 @@ class WindowOutcome:
 # ---- what a run yields ----
 
 @dataclass(frozen=True)
-class ChunkText:
-    """A streamed run: the text of chunk ``index``'s decode so far (not stripped), once its
-    forced prefix has parsed. A window that may hold no speech reports none (see ChunkDone)."""
-
-    index: int
-    text: str
-    joiner: str  # what joins this chunk's text to the text before it
-
-
-@dataclass(frozen=True)
 class ChunkDone:
-    """Chunk ``index``'s decode is done: its kept text ("" when it holds no speech). A full
-    response may still re-decode a chunk whose language is an outlier before Finished."""
+    """Window ``index`` is final: ``text`` is exactly what it adds to the result's text (with
+    the joiner before it when text came before), and the tokens its kept decodes used."""
 
     index: int
     text: str
-    joiner: str
-    failure: str | None  # why the decode's forced prefix did not parse (then ``text`` is "")
+    prompt_tokens: int
+    completion_tokens: int
 
 
 @dataclass(frozen=True)
@@ -224,53 +213,35 @@ class Finished:
     result: TranscriptionResult
 
 
-PipelineEvent = ChunkText | ChunkDone | Finished
+PipelineEvent = ChunkDone | Finished
 
 
-@dataclass
-class TokenTally:
-    """The tokens a streamed request's decodes have used so far: prompt tokens of every decode
-    started, tokens generated (vLLM's continuous usage stats read it as deltas go out)."""
+class _TextJoin:
+    """The result's text, built piece by piece in time order, the one way the response and the
+    stream both give it: a piece's text follows the one before it with its language's joiner
+    (none in languages written without spaces), or a space when the two languages differ."""
 
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    def __init__(self, adapter: TranscriptionAdapter):
+        self.adapter = adapter
+        self.text = ""
+        self._language: str | None = None
 
-
-@dataclass(frozen=True)
-class ChunkReporter:
-    """Where a streamed window's decodes report: the text as it grows, as ChunkText on the
-    window's queue (a continuation's text after the window's text so far), and the tokens used."""
-
-    index: int
-    queue: asyncio.Queue
-    tally: TokenTally
-    shown: str = ""  # the window's text before this piece
-    joiner: str = ""  # what joins this piece's text to it
-
-    def continued(self, shown: str, joiner: str) -> ChunkReporter:
-        return replace(self, shown=shown, joiner=joiner)
-
-    def started(self, params: DecodeParams) -> None:
-        self.tally.prompt_tokens += len(params.prompt_ids)
-
-    def generated(self) -> None:
-        self.tally.completion_tokens += 1
-
-    def text(self, text: str, joiner: str) -> None:
-        full = self.shown + self.joiner + text.lstrip() if self.shown else text
-        self.queue.put_nowait(ChunkText(self.index, full, joiner))
-
-
-@dataclass
-class _ChunkJob:
-    task: asyncio.Future  # -> WindowOutcome
-    texts: asyncio.Queue | None  # ChunkText items, then None (streamed runs only)
+    def add(self, pieces: list[tuple[str | None, str]]) -> str:
+        """Append the (language, text) pieces; returns what they added."""
+        added = ""
+        for language, text in pieces:
+            if self.text or added:
+                added += self.adapter.joiner(language if language == self._language else None)
+            added += text
+            self._language = language
+        self.text += added
+        return added
 
 
 @dataclass(frozen=True)
 class _PlannedWindow:
     window: AudioChunk
-    job: _ChunkJob | None  # None: started when the text before it is known
+    job: asyncio.Future | None  # -> WindowOutcome; None: started when the text before it is known
 
 
 class Transcriber:
@@ -292,17 +263,14 @@ class Transcriber:
                     return event.result
         raise RuntimeError("the pipeline ended without a result")
 
-    async def run(self, audio: np.ndarray, options: TranscriptionOptions, streamed: bool = False,
-                  on_chunk_done: Callable[[AudioChunk], None] | None = None,
-                  tally: TokenTally | None = None) -> AsyncIterator[PipelineEvent]:
-        """The events of one request, in chunk order (see the module docstring). Closing the
-        generator early cancels every decode still running. A streamed run counts its tokens
-        in ``tally`` as they are generated."""
-        tally = TokenTally() if tally is None else tally
+    async def run(self, audio: np.ndarray, options: TranscriptionOptions,
+                  on_chunk_done: Callable[[AudioChunk], None] | None = None) -> AsyncIterator[PipelineEvent]:
+        """The events of one request, in window order (see the module docstring). Closing the
+        generator early cancels every decode still running."""
         options = self._for_model(options)
-        plan = await self.plan(audio, options, streamed)
+        plan = await self.plan(audio, options)
         conditioned = options.condition_on_previous_text
-        jobs: list[_ChunkJob] = []
+        jobs: list[asyncio.Future] = []
         # The windows in order as they are planned, then None. Each window's decode starts as soon
         # as it is planned, unless it needs the text before it (conditioned); at most
         # max_request_windows decode at once, and planning waits for room (engine.interface).
@@ -315,8 +283,8 @@ class Transcriber:
                     job = None
                     if not conditioned:
                         await room.acquire()
-                        job = self._start(len(jobs), window, options, None, streamed, on_chunk_done, tally)
-                        job.task.add_done_callback(lambda _: room.release())
+                        job = self._start(window, options, None, on_chunk_done)
+                        job.add_done_callback(lambda _: room.release())
                         jobs.append(job)
                     planned.put_nowait(_PlannedWindow(window, job))
             finally:
@@ -324,23 +292,21 @@ class Transcriber:
 
         planning = asyncio.ensure_future(start_windows())
         outcomes: list[WindowOutcome] = []
+        joined = _TextJoin(self.adapter)
         previous: str | None = None
         try:
             while (item := await planned.get()) is not None:
-                i, job = len(outcomes), item.job
+                job = item.job
                 if job is None:  # each window needs the text before it: one at a time
-                    job = self._start(i, item.window, options, previous, streamed, on_chunk_done, tally)
+                    job = self._start(item.window, options, previous, on_chunk_done)
                     jobs.append(job)
-                if job.texts is not None:
-                    while (text := await job.texts.get()) is not None:
-                        yield text
-                outcome = await job.task
+                outcome = await self._settled(outcomes, await job, options, audio, previous)
                 outcomes.append(outcome)
-                yield self._chunk_done(i, outcome, options)
+                kept = [p for p in outcome.pieces if p.params is not None]
+                yield ChunkDone(len(outcomes) - 1, joined.add(self._kept_texts(outcome, options)),
+                                sum(len(p.params.prompt_ids) for p in kept), sum(len(p.result.token_ids) for p in kept))
                 previous = self._context_after(outcome, previous, options)
             await planning  # a planning failure is the request's
-            if not streamed:
-                await self._settle_language(outcomes, options, audio)
             result = self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate, plan.speech)
             if result.language is None and result.detection_failure is None and options.name_language_of_silence:
                 result.language, result.language_probability = await self._language_of_silence(audio, options)
@@ -349,8 +315,8 @@ class Transcriber:
             planning.cancel()
             planning.add_done_callback(_retrieve)
             for job in jobs:
-                job.task.cancel()
-                job.task.add_done_callback(_retrieve)
+                job.cancel()
+                job.add_done_callback(_retrieve)
 
     def refusal(self, options: TranscriptionOptions) -> UnsupportedDecode | None:
         """Why the engine cannot decode what ``options`` ask for. Checked before any work, so
@@ -367,7 +333,7 @@ class Transcriber:
         return options
 
     # ---- prompts ----
-    async def plan(self, audio: np.ndarray, options: TranscriptionOptions, streamed: bool = False) -> WindowPlan:
+    async def plan(self, audio: np.ndarray, options: TranscriptionOptions) -> WindowPlan:
         """The windows to decode. With the speech gate on, the silence before the first speech
         is skipped (nothing to invent there), and audio longer than one window is cut where the
         VAD hears speech pause, long pauses left out (chunking.speech_windows). With the gate
@@ -387,10 +353,10 @@ class Transcriber:
             start = max(0, onset - pad)
             return WindowPlan(_listed([AudioChunk(start, audio[start:], rate)]), [(onset, audio.shape[0])])
         # Windows join speech across long pauses only where the seek decodes again what a
-        # window's decode leaves out (it needs timestamps) and a window can be decoded again in
-        # parts (_cuts: not in a stream, whose text is sent as decoded), and not for
-        # code-switching audio (each window detects its own language: the one it opens with).
-        joins = options.timestamps and not streamed and not options.detect_language_per_chunk
+        # window's decode leaves out (it needs timestamps; a window can then be decoded again in
+        # parts: _cuts), and not for code-switching audio (each window detects its own
+        # language: the one it opens with).
+        joins = options.timestamps and not options.detect_language_per_chunk
         packer = SpeechWindowPacker(audio, rate, cfg.max_clip_seconds, vad.pad_s, vad.long_pause_s, vad.kept_pause_s,
                                     join_long_pauses=joins)
         speech: list[tuple[int, int]] = []
@@ -431,32 +397,24 @@ class Transcriber:
         return replace(params, **changes)
 
     # ---- one chunk ----
-    def _start(self, index: int, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
-               streamed: bool, on_chunk_done: Callable[[AudioChunk], None] | None, tally: TokenTally) -> _ChunkJob:
-        texts: asyncio.Queue | None = asyncio.Queue() if streamed else None
-        report = None if texts is None else ChunkReporter(index, texts, tally)
-
+    def _start(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
+               on_chunk_done: Callable[[AudioChunk], None] | None) -> asyncio.Future:
+        """The window's decode, started: a future of its WindowOutcome."""
         async def work() -> WindowOutcome:
-            try:
-                outcome = await self._decode_window(chunk, options, previous_text, report)
-            finally:
-                if texts is not None:
-                    texts.put_nowait(None)
+            outcome = await self._decode_window(chunk, options, previous_text)
             if on_chunk_done:
                 on_chunk_done(chunk)
             return outcome.released()
 
-        return _ChunkJob(asyncio.ensure_future(work()), texts)
+        return asyncio.ensure_future(work())
 
-    async def _decode_window(self, window: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
-                             report: ChunkReporter | None) -> WindowOutcome:
+    async def _decode_window(self, window: AudioChunk, options: TranscriptionOptions,
+                             previous_text: str | None) -> WindowOutcome:
         """The window's decode, continued (seek) while a piece stopped before the speech in it
         ended: the rest is decoded again from where the text stopped, in the window's language.
-        Continuations decode after the piece before them; a stream shows their text after the
-        text already shown."""
-        splits = report is None  # a stream's text is shown as decoded: never taken back
-        head = await self._decode_chunk(window, options, previous_text, report, splits)
-        cuts = self._cuts(head, options) if splits else []
+        Continuations decode after the piece before them."""
+        head = await self._decode_chunk(window, options, previous_text, splits=True)
+        cuts = self._cuts(head, options)
         if cuts:
             return await self._decode_parts(window, cuts, head, options, previous_text)
         outcome = WindowOutcome(window, [head])
@@ -467,16 +425,14 @@ class Transcriber:
                 break
             rest = last.tail(resume)
             language = options.language or outcome.head.parsed.language
-            shown, joiner = self._window_text(outcome, options), self.adapter.joiner(language)
-            follow = None if report is None else report.continued(shown, joiner)
+            shown = self._window_text(outcome, options)
             # The window's text so far conditions the continuation (as the sequential algorithm
             # conditions each window on the last): a short rest of audio decoded without it is
             # often misheard.
             context = " ".join(t for t in (previous_text or options.previous_text, shown) if t) or None
             if context and self.engine.refusal(self.params_for(options, language, context)) is not None:
                 context = None  # an engine that carries no prompt (SGLang without the plugin): the rest alone
-            outcome.pieces.append(await self._decode_chunk(rest, replace(options, language=language), context,
-                                                           follow))
+            outcome.pieces.append(await self._decode_chunk(rest, replace(options, language=language), context))
         return outcome
 
     @staticmethod
@@ -509,7 +465,7 @@ class Transcriber:
         """The window decoded as the parts ``cuts`` make, each a window of its own (with its
         seek, its cuts and its fallback), their pieces in time order. The window's language
         detection stays its whole decode's."""
-        parts = await asyncio.gather(*(self._decode_window(part, options, previous_text, None)
+        parts = await asyncio.gather(*(self._decode_window(part, options, previous_text)
                                        for part in window.split(cuts)))
         pieces = [piece for part in parts for piece in part.pieces]
         pieces[0].language_probs = first.language_probs
@@ -551,18 +507,18 @@ class Transcriber:
         return max(covered, (offset + regions[0][0]) / rate - SEEK_LEAD_S)
 
     async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
-                            report: ChunkReporter | None, splits: bool = False) -> ChunkOutcome:
-        """The chunk's kept decode. With ``report`` its text is shown as it grows, so it is
-        never replaced: no temperature fallback. With ``splits``, a decode that the chunk must
-        be cut for (_cuts) is returned as it is: the caller decodes the parts."""
+                            splits: bool = False) -> ChunkOutcome:
+        """The chunk's kept decode: the first, or the best of the fallback's when the first
+        fails the thresholds. With ``splits``, a decode that the chunk must be cut for (_cuts)
+        is returned as it is: the caller decodes the parts."""
         if not await self._hears_speech(chunk, options):
             return self._no_speech_outcome(chunk)
         language = options.language
         if language is None and options.detection == "two-stage":
             language = await two_stage.detect_language(self.engine, self.adapter, chunk, self.params_for(options),
                                                        options.candidate_languages)
-        first = await self._decode(chunk, self.params_for(options, language, previous_text), options, report)
-        if (report is not None or options.temperature > 0 or not options.fallback_temperatures
+        first = await self._decode(chunk, self.params_for(options, language, previous_text), options)
+        if (options.temperature > 0 or not options.fallback_temperatures
                 or not needs_fallback(first.figures, options.thresholds)
                 or (splits and self._cuts(first, options))):
             return first
@@ -584,44 +540,14 @@ class Transcriber:
         kept.language_probs = first.language_probs  # the detection is the first decode's
         return kept
 
-    async def _decode(self, chunk: AudioChunk, params: DecodeParams, options: TranscriptionOptions,
-                      report: ChunkReporter | None = None) -> ChunkOutcome:
+    async def _decode(self, chunk: AudioChunk, params: DecodeParams, options: TranscriptionOptions) -> ChunkOutcome:
         """One engine decode of the chunk, parsed."""
         stream = self.engine.submit(chunk.samples, params)
-        if report is not None:
-            report.started(params)
         try:
-            if report is None:
-                await stream.collect()
-            else:
-                await self._follow(stream, params, options, report)
+            await stream.collect()
         finally:
             stream.cancel()  # no-op when finished; frees the slot if the caller was cancelled
         return self._outcome(chunk, params, stream.result, options)
-
-    async def _follow(self, stream: SequenceStream, params: DecodeParams, options: TranscriptionOptions,
-                      report: ChunkReporter) -> None:
-        """Drain the decode, reporting its visible text each time it grows once the forced
-        prefix has parsed. A window the probe says may hold no speech reports nothing: its text
-        waits for the verdict at the end (silence gives no invented text)."""
-        adapter = self.adapter
-        need = adapter.forced_prefix_tokens(params)
-        tokens: list[int] = []
-        body: int | None = None  # where the text begins, once the prefix parsed
-        joiner, held, failed = "", False, False
-        async for event in stream:
-            tokens.append(event.token_id)
-            report.generated()
-            if len(tokens) == 1:  # the probe is in by the first token
-                held = may_be_silent(adapter.no_speech_probability(stream.result.probe_probs), options.thresholds)
-            if held or failed or len(tokens) < need:
-                continue
-            if body is None:
-                head = adapter.parse_output(tokens, params)
-                failed = head.failure is not None  # ChunkDone reports it
-                body, joiner = head.prefix_length, adapter.joiner(head.language)
-            if not failed:
-                report.text(adapter.decode_text(tokens[body:]), joiner)
 
     async def _hears_speech(self, chunk: AudioChunk, options: TranscriptionOptions) -> bool:
         if self.gate is None or not options.vad_filter:
@@ -662,14 +588,14 @@ class Transcriber:
             return ""
         return piece.parsed.text or ""
 
-    def _window_text(self, outcome: WindowOutcome, options: TranscriptionOptions) -> str:
-        joiner = self.adapter.joiner(outcome.head.parsed.language)
-        return joiner.join(t for t in (self._kept_text(p, options) for p in outcome.pieces) if t)
+    def _kept_texts(self, outcome: WindowOutcome, options: TranscriptionOptions) -> list[tuple[str | None, str]]:
+        """(language, text) of each of the window's pieces that holds text in the result."""
+        return [(p.parsed.language, text) for p in outcome.pieces if (text := self._kept_text(p, options))]
 
-    def _chunk_done(self, index: int, outcome: WindowOutcome, options: TranscriptionOptions) -> ChunkDone:
-        parsed = outcome.head.parsed
-        return ChunkDone(index, self._window_text(outcome, options), self.adapter.joiner(parsed.language),
-                         parsed.failure)
+    def _window_text(self, outcome: WindowOutcome, options: TranscriptionOptions) -> str:
+        joined = _TextJoin(self.adapter)
+        joined.add(self._kept_texts(outcome, options))
+        return joined.text
 
     def _context_after(self, outcome: WindowOutcome, previous: str | None, options: TranscriptionOptions) -> str | None:
         """The text the next window is conditioned on (condition_on_previous_text)."""
@@ -686,23 +612,23 @@ class Transcriber:
         speech = [o for o in parsed if not is_silent(o.figures, options.thresholds)] or parsed
         return vote([(o.language_probs, o.chunk.duration) for o in speech], options.language)
 
-    async def _settle_language(self, outcomes: list[WindowOutcome], options: TranscriptionOptions,
-                               audio: np.ndarray) -> None:
-        """Decode again, with the request's language, the windows whose detection is an outlier
-        (each rebuilt from the request's ``audio``: decoded windows keep no samples)."""
-        if options.language is not None or options.detect_language_per_chunk or len(outcomes) < 2:
-            return
-        language, _ = self._vote(outcomes, options)
-        redo = [i for i, o in enumerate(outcomes) if not is_silent(o.head.figures, options.thresholds)
-                and is_outlier(o.head.parsed.language, o.head.language_probs, language)]
-        if not redo:
-            return
+    async def _settled(self, earlier: list[WindowOutcome], outcome: WindowOutcome, options: TranscriptionOptions,
+                       audio: np.ndarray, previous_text: str | None) -> WindowOutcome:
+        """The window with its language settled from what is known when it is final: the vote
+        of this window and the windows before it, never a later one (so its text is final once
+        released). A window whose detection is an outlier of that vote is decoded again in the
+        vote's language (rebuilt from the request's ``audio``: decoded windows keep no samples)."""
+        if options.language is not None or options.detect_language_per_chunk or not earlier:
+            return outcome
+        language, _ = self._vote(earlier + [outcome], options)
+        head = outcome.head
+        if is_silent(head.figures, options.thresholds) or not is_outlier(head.parsed.language, head.language_probs,
+                                                                         language):
+            return outcome
         fixed = replace(options, language=language, detection="fused")
-        again = await asyncio.gather(*(self._decode_window(outcomes[i].window.rebuilt(audio), fixed, None, None)
-                                       for i in redo))
-        for i, outcome in zip(redo, again):
-            outcome.head.language_probs = outcomes[i].head.language_probs  # what the window itself heard
-            outcomes[i] = outcome.released()
+        again = await self._decode_window(outcome.window.rebuilt(audio), fixed, previous_text)
+        again.head.language_probs = head.language_probs  # what the window itself heard
+        return again.released()
 
     async def _language_of_silence(self, audio: np.ndarray, options: TranscriptionOptions) -> tuple[str | None, float | None]:
         """The most probable language of audio in which nothing was decoded (the speech gate
@@ -755,7 +681,7 @@ class Transcriber:
         segments: list[Segment] = []
         words: list[Word] = []
         logprobs: list[TokenLogprob] = []
-        chunk_texts: list[tuple[str | None, str]] = []
+        joined = _TextJoin(adapter)
         failures: list[str] = []
         outcomes = [piece for window in windows for piece in window.pieces]
         for outcome in outcomes:
@@ -776,8 +702,7 @@ class Transcriber:
                     compression_ratio=compression_ratio(s.text), no_speech_prob=figures.no_speech_prob,
                     language=parsed.language,
                 ))
-            if parsed.text:
-                chunk_texts.append((parsed.language, parsed.text))
+            joined.add([(parsed.language, parsed.text)] if parsed.text else [])
             if options.token_logprobs:
                 logprobs += self._token_logprobs(outcome)
             if options.word_timestamps:
@@ -789,14 +714,8 @@ class Transcriber:
             rate = self.adapter.config.sample_rate
             words = snap_to_speech_onsets(words, [(start / rate, end / rate) for start, end in speech])
         language, probability = self._vote(windows, options)
-        text = ""
-        for i, (chunk_language, chunk_text) in enumerate(chunk_texts):
-            if i:
-                same = chunk_language == chunk_texts[i - 1][0]
-                text += adapter.joiner(chunk_language if same else None)
-            text += chunk_text
         return TranscriptionResult(
-            task=options.task, text=text.strip(), language=language, language_probability=probability,
+            task=options.task, text=joined.text, language=language, language_probability=probability,
             duration=round(duration, 3), segments=segments, words=words if options.word_timestamps else None,
             detection_failure="; ".join(failures) if failures else None,
             prompt_tokens=sum(len(o.params.prompt_ids) for o in outcomes if o.params is not None),

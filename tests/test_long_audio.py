@@ -10,6 +10,7 @@ and the word onsets must be within the targets of the long-audio issue.
 from __future__ import annotations
 
 import io
+import json
 import shutil
 from pathlib import Path
 
@@ -116,6 +117,32 @@ def _covered(utterance: Utterance, segments: list[dict]) -> float:
     """The share of the utterance's time that output segments span."""
     overlap = sum(max(0.0, min(s["end"], utterance.end) - max(s["start"], utterance.start)) for s in segments)
     return overlap / (utterance.end - utterance.start)
+
+
+def _streamed(url: str, audio: bytes, **fields) -> tuple[list[str], dict]:
+    """(the deltas, the done event) of a stream=true request."""
+    r = _post(url, audio, stream="true", **fields)
+    payloads = [json.loads(line[len("data: "):]) for line in r.text.splitlines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+    assert payloads and payloads[-1]["type"] == "transcript.text.done", payloads[-1:]
+    return [p["delta"] for p in payloads if p["type"] == "transcript.text.delta"], payloads[-1]
+
+
+def test_a_stream_is_the_full_response_released_early(server, made, transcripts):
+    """Byte for byte: the done event's text is the stream=false text, the deltas add up to it, and
+    a verbose_json stream's segments and words are the response's. On the dialogue (pauses, an 8 s
+    silence, turns across window seams) and on the monologue (no pause to cut at)."""
+    audio = made["clean"].read_bytes()
+    deltas, done = _streamed(server.url, audio)
+    assert "".join(deltas) == done["text"] == transcripts["json"]["text"]
+    full = _post(server.url, audio, response_format="verbose_json", **{"timestamp_granularities[]": ["word", "segment"]}).json()
+    deltas, done = _streamed(server.url, audio, response_format="verbose_json",
+                             **{"timestamp_granularities[]": ["word", "segment"]})
+    assert "".join(deltas) == done["text"] == full["text"]
+    assert done["segments"] == full["segments"] and done["words"] == full["words"]
+    monologue = made["monologue"].read_bytes()
+    deltas, done = _streamed(server.url, monologue, response_format="text")
+    assert "".join(deltas) == done["text"] == _post(server.url, monologue, response_format="text").text.rstrip("\n")
 
 
 def test_speech_without_pauses_loses_nothing_where_windows_cut_it(server, made):

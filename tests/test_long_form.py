@@ -72,6 +72,23 @@ async def test_a_repetition_loop_is_decoded_again(runtime):
     assert result.segments == [] or max(s.compression_ratio for s in result.segments) <= 2.4
 
 
+async def test_a_stream_never_shows_the_loop_its_fallback_replaces(runtime):
+    """The same noise streamed: the greedy decode loops, and the stream releases only the window's
+    final text, which is the full response's, loop-free."""
+    from asr_service.fallback import compression_ratio
+    from asr_service.streaming import StreamDelta, StreamDone, render_stream
+
+    noise = (0.05 * np.random.default_rng(0).standard_normal(10 * SR)).astype(np.float32)
+    options = TranscriptionOptions(seed=1, vad_filter=False)
+    before = runtime.engine.submitted_total
+    items = [item async for item in render_stream(runtime.transcriber.run(noise, options))]
+    assert runtime.engine.submitted_total - before > 1  # the loop was decoded, and caught
+    shown = "".join(i.text for i in items if isinstance(i, StreamDelta))
+    assert isinstance(items[-1], StreamDone) and items[-1].text == shown
+    assert shown == (await runtime.transcriber.transcribe(noise, options)).text
+    assert compression_ratio(shown) <= 2.4, shown
+
+
 async def test_a_phrase_said_again_after_each_pause_is_kept_every_time(runtime):
     """The same sentence eight times with 2.5 s pauses (a drill, a chorus): the pauses are
     shortened, so a window holds several repeats, and its text compresses like a loop. Such a
@@ -257,13 +274,13 @@ async def test_each_chunk_can_be_conditioned_on_the_one_before(runtime, prompts)
 
 
 async def test_a_stream_is_conditioned_on_the_text_before_like_the_full_response(runtime, prompts):
-    """One per-chunk decode path: a streamed run conditions each chunk on the one before, and
-    its deltas add up to the same text as the full response."""
+    """One decode: a stream conditions each chunk on the one before, and its deltas add up to
+    the same text as the full response."""
     from asr_service.streaming import StreamDelta, StreamDone, render_stream
 
     audio = _two_conditioned_windows()
     options = replace_options(**CONDITIONED)
-    items = [item async for item in render_stream(runtime.transcriber.run(audio, options, streamed=True))]
+    items = [item async for item in render_stream(runtime.transcriber.run(audio, options))]
     streamed_prompts = list(prompts)
     full = await runtime.transcriber.transcribe(audio, options)
     deltas = "".join(i.text for i in items if isinstance(i, StreamDelta))
@@ -281,7 +298,7 @@ async def test_two_stage_detection_applies_to_streams_too(runtime):
     clip = load_clip("fr", "pangrama")
     options = replace_options(detection="two-stage")
     before = runtime.engine.submitted_total
-    items = [item async for item in render_stream(runtime.transcriber.run(clip, options, streamed=True))]
+    items = [item async for item in render_stream(runtime.transcriber.run(clip, options))]
     assert runtime.engine.submitted_total - before == 2  # the detection decode, then the transcription
     assert isinstance(items[-1], StreamDone) and items[-1].result.language == "fr"
 

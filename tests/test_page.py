@@ -11,6 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
+import httpx
 import jiwer
 import numpy as np
 import pytest
@@ -219,6 +220,14 @@ def test_workbench_shows_who_spoke_when_and_follows_the_playback(server, browser
         link.click()
     result = json.loads(downloaded(browser, "meeting.json"))  # the verbose_json the page holds
     segments, words = result["segments"], result["words"]
+    # The page streamed its request: it holds and shows exactly the stream=false response.
+    full = httpx.post(server.url + "/v1/audio/transcriptions", headers={"Authorization": f"Bearer {KEY}"},
+                      data={"response_format": "verbose_json", "diarize": "true",
+                            "timestamp_granularities[]": ["segment", "word"]},
+                      files={"file": ("meeting.wav", talk.read_bytes(), "audio/wav")}, timeout=300).json()
+    assert result["text"] == full["text"]
+    assert browser.find_element(By.ID, "file-text").text == " ".join(full["text"].split())  # as the DOM reads out
+    assert segments == full["segments"] and words == full["words"]
     speakers = sorted({s["speaker"] for s in segments})
     assert len(speakers) >= 3, speakers  # four voices; diarization's own tests judge who is who
 

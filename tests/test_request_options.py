@@ -135,13 +135,14 @@ def test_cli_shorthands_and_refusals(adapter):
         parse_args(["transcribe", "x.wav", "--top-p", "2"], {})
 
 
-def test_what_a_stream_cannot_apply_is_refused(adapter):
-    for values, param in (({"temperature_fallback": True}, "temperature_fallback"),
-                          ({"use_beam_search": True}, "use_beam_search"),
-                          ({"detect_language_per_chunk": False}, "detect_language_per_chunk")):
-        with pytest.raises(OptionError) as refused:
-            build_options(values, adapter, "transcribe", "json", stream=True)
-        assert refused.value.param == param
+def test_a_stream_is_the_same_decode_as_its_full_response(adapter):
+    """Beam search, the fallback and the language rule apply to a stream as to the response it
+    releases early: the form's stream field changes no decode option."""
+    for fields in ([], [("use_beam_search", "true")], [("temperature_fallback", "true")],
+                   [("detect_language_per_chunk", "false")], [("n", "3")]):
+        streamed = parse_transcription_form(_form(("stream", "true"), *fields), adapter, "transcribe", default_beam_size=5)
+        full = parse_transcription_form(_form(*fields), adapter, "transcribe", default_beam_size=5)
+        assert streamed.stream and not full.stream and streamed.options == full.options, fields
 
 
 def _form(*fields: tuple[str, str]) -> FormData:
@@ -190,22 +191,19 @@ def test_the_servers_default_stream_format_applies_when_a_request_names_none(ada
     assert stream_format(("stream_format", "openai")) == "openai"  # the request still chooses
 
 
-def test_a_request_that_does_not_choose_searches_five_beams_unless_it_streams(adapter):
+def test_a_request_that_does_not_choose_searches_five_beams(adapter):
     """The default decode is faster-whisper's, a 5-beam search, where the runtime's engine can
-    search; a stream (which cannot take text back) and an engine without beam search decode
-    greedily; use_beam_search=false is greedy and n sets the beams. Every format decodes with
-    timestamps, so json holds the words the subtitles do."""
-    def beams(*fields, stream=False, default=5):
+    search; an engine without beam search decodes greedily; use_beam_search=false is greedy and
+    n sets the beams. Every format decodes with timestamps, so json holds the words the
+    subtitles do."""
+    def beams(*fields, default=5):
         values = {"use_beam_search": None, "n": None} | dict(fields)
-        return build_options(values, adapter, "transcribe", "json", stream, default_beam_size=default).beam_size
+        return build_options(values, adapter, "transcribe", "json", default_beam_size=default).beam_size
 
-    assert beams() == 5 and beams(("n", 3)) == 3
-    assert beams(stream=True) == 1 and beams(default=1) == 1 and beams(("n", 1), stream=True) == 1
+    assert beams() == 5 and beams(("n", 3)) == 3 and beams(default=1) == 1
     assert beams(("use_beam_search", False)) == 1 and beams(("use_beam_search", True), default=1) == 5
-    for fields, stream, default, param in [((("use_beam_search", True),), True, 5, "use_beam_search"),
-                                           ((("n", 3),), True, 5, "n"), ((("n", 3),), False, 1, "n"),
-                                           ((("n", 3), ("use_beam_search", False)), False, 5, "n")]:
+    for fields, default, param in [((("n", 3),), 1, "n"), ((("n", 3), ("use_beam_search", False)), 5, "n")]:
         with pytest.raises(OptionError) as refused:  # what cannot apply is refused, not ignored
-            beams(*fields, stream=stream, default=default)
+            beams(*fields, default=default)
         assert refused.value.param == param
     assert all(build_options({}, adapter, "transcribe", fmt).timestamps for fmt in ("json", "text", "srt"))

@@ -1,5 +1,6 @@
-"""A stream whose forced prefix does not parse ends in one error event, never in made-up text:
-the pipeline's events through the real renderer and SSE code, read by the real OpenAI SDK.
+"""A stream whose forced prefix does not parse (where the full response would be the same
+error) ends in one error event, never in made-up text or an empty success: the pipeline's
+events through the real renderer and SSE code, read by the real OpenAI SDK.
 
 With the embedded engine the grammar makes such a decode all but impossible (the token budget
 no longer counts the prefix), so the events are built here; a remote engine that broke the
@@ -16,15 +17,15 @@ import pytest
 
 from asr_service.server.sse import chunk_events, openai_events
 from asr_service.streaming import render_stream
-from asr_service.transcription import ChunkDone, ChunkText
+from asr_service.transcription import ChunkDone, Finished, TranscriptionResult
 
 pytestmark = pytest.mark.unit
 
 
 async def failing_pipeline():
-    yield ChunkText(0, " Hello", "")
-    yield ChunkDone(0, "Hello", "", None)
-    yield ChunkDone(1, "", " ", "the forced prefix did not parse")
+    yield ChunkDone(0, "", prompt_tokens=4, completion_tokens=3)
+    yield Finished(TranscriptionResult(task="transcribe", text="", language=None, language_probability=None,
+                                       duration=1.0, detection_failure="chunk at 0.00s: the forced prefix did not parse"))
 
 
 def sse_bytes(events) -> bytes:
@@ -35,7 +36,7 @@ def sse_bytes(events) -> bytes:
 
 def test_a_prefix_that_does_not_parse_ends_the_stream_with_an_error_event():
     items = asyncio.run(_items())
-    assert [type(i).__name__ for i in items] == ["StreamDelta", "StreamFailed"]
+    assert [type(i).__name__ for i in items] == ["StreamFailed"]
     assert items[-1].code == "language_detection_failed" and "did not parse" in items[-1].message
     for events in (openai_events(render_stream(failing_pipeline())),
                    chunk_events(render_stream(failing_pipeline()), "whisper-1", include_usage=True)):

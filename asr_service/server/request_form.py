@@ -143,7 +143,7 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         if diarization is not None and stream and stream_format == "chunk":
             raise OptionError("stream_format", "stream_format=chunk has no place for speakers; a diarized stream "
                                                "is OpenAI's (stream_format=openai)", code="unsupported_value")
-        options = build_options(values, adapter, task, response_format, stream, detection,
+        options = build_options(values, adapter, task, response_format, detection,
                                 diarized=diarization is not None, default_beam_size=default_beam_size)
         if options.token_logprobs and stream and stream_format == "chunk":
             raise OptionError("include", "include[]=logprobs streams in OpenAI's events (the done event carries "

@@ -30,7 +30,6 @@ from ..diarization.pipeline import diarizer_for, reference_clips, stream_with_sp
 from ..formats import render, to_diarized_json, to_json, to_verbose_json
 from ..request_options import OptionError
 from ..streaming import StreamDone, StreamFailed, StreamItem, render_stream
-from ..transcription import TokenTally
 from .admission import Overloaded, Ticket
 from .errors import OpenAIError
 from .gate import GRACE_OVER_MESSAGE, Door
@@ -262,9 +261,7 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
     if req.stream:
         async def items():
             try:
-                tally = TokenTally()
-                events = runtime.transcriber.run(audio, req.options, streamed=True, tally=tally)
-                rendered = render_stream(events, tally)
+                rendered = render_stream(runtime.transcriber.run(audio, req.options))
                 if req.diarization is not None:
                     rendered = stream_with_speakers(rendered, runtime.transcriber, diarizer, audio, req.diarization,
                                                     clips)
