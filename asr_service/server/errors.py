@@ -19,10 +19,15 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
 ECHO_LIMIT = 100  # characters of a client's value quoted back in an error message
 
 
+def clipped(value: str) -> str:
+    """A client's value cut to a readable length for an error message (a 100,000-character model
+    name is not sent back whole)."""
+    return value if len(value) <= ECHO_LIMIT else value[:ECHO_LIMIT] + f"... ({len(value)} characters)"
+
+
 def echoed(value: str) -> str:
-    """A client's value as an error message quotes it: repr'd, and cut to a readable length (a
-    100,000-character model name is not sent back whole)."""
-    return repr(value) if len(value) <= ECHO_LIMIT else repr(value[:ECHO_LIMIT]) + f"... ({len(value)} characters)"
+    """A client's value as an error message quotes it: clipped, then repr'd."""
+    return repr(clipped(value))
 
 
 class OpenAIError(Exception):

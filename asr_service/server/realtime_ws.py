@@ -23,7 +23,7 @@ from ..realtime import protocol
 from ..realtime.input_audio import InputAudioDecoder, InputAudioError
 from ..realtime.protocol import OPENAI, VLLM, ProtocolError
 from ..realtime.session import Completed, RealtimeLimits, RealtimeSession, SessionConfig
-from .errors import OpenAIError, echoed
+from .errors import OpenAIError, clipped
 from .gate import (GRACE_OVER_MESSAGE, POLICY_VIOLATION, SERVICE_RESTART, TRY_AGAIN_LATER, Door, dialect_of,
                    offered_subprotocol, refuse_websocket)
 from .metrics import ServerMetrics
@@ -205,8 +205,7 @@ class RealtimeConnection:
         names = self.lease.model.entry.names
         if config.model is not None and config.model not in names:
             raise ProtocolError(f"This session transcribes with '{self.model_name}'; a session's model is chosen "
-                                f"when it connects: reconnect with the model {echoed(config.model)} in ?model=",
-                                code="model_not_found",
+                                f"when it connects: reconnect with ?model={clipped(config.model)}", code="model_not_found",
                                 param="model")
         if config.input_format != self._decoder.format:
             self._decoder = InputAudioDecoder(config.input_format)
