@@ -167,17 +167,17 @@ class BatchEngine:
                         self._step()
             except Exception as e:  # never leave a caller waiting on a dead loop
                 log.exception("engine step failed")
-                for seq in admitted:
-                    if not seq.stream.result.finish_reason:
-                        self._finish(seq, "error", f"the engine's step failed: {type(e).__name__}: {e}")
-                self._fail_active(e)
+                self._fail_active(e, admitted)
 
-    def _fail_active(self, error: Exception) -> None:
-        for seq in self._active:
-            if not seq.stream.result.finish_reason:
-                self._finish(seq, "error", f"the engine's step failed: {type(error).__name__}: {error}")
+    def _fail_active(self, error: Exception, admitted: list[DecodingSequence] = ()) -> None:
+        """End every sequence in the engine's slots (and ``admitted``, on their way in) with
+        ``error``; the slots are empty by the time their callers hear it."""
+        failed = [*admitted, *self._active]
         self._active.clear()
         self._audio_readers.clear()
+        for seq in failed:
+            if not seq.stream.result.finish_reason:
+                self._finish(seq, "error", f"the engine's step failed: {type(error).__name__}: {error}")
 
     def _next_admissions(self) -> list[DecodingSequence] | None:
         """Wait for work; take what fits in the free slots (None: the engine is stopping)."""
