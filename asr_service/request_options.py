@@ -188,9 +188,10 @@ MAX_SPEAKER_NAME_LENGTH = 64
 
 
 def _check_speaker_name(name: str) -> None:
-    """A speaker's name is written into srt cues, vtt voice tags and rttm fields: control
-    characters (a newline would forge a cue), markup and whitespace runs are refused, not escaped
-    away, so the name a client gave is the name every format shows."""
+    """A speaker's name is written into srt cues, vtt voice tags and rttm fields: control and
+    format characters (a newline would forge a cue), separators other than a space, the markup
+    characters < > & and leading or trailing spaces are refused, not escaped away, so the name a
+    client gave is the name every format shows."""
     if len(name) > MAX_SPEAKER_NAME_LENGTH:
         raise OptionError("known_speaker_names", f"A speaker name must be at most {MAX_SPEAKER_NAME_LENGTH} characters, "
                                                  f"got {len(name)}")
