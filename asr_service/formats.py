@@ -87,10 +87,14 @@ def to_vtt(result: TranscriptionResult) -> str:
 
 def to_rttm(result: TranscriptionResult, file_id: str) -> str:
     """NIST RTTM, the diarization tools' exchange format: a SPEAKER line per segment (file id
-    without whitespace, channel 1, onset and duration in seconds, speaker name)."""
-    file_id = "_".join(file_id.split()) or "audio"
-    return "".join(f"SPEAKER {file_id} 1 {s.start:.3f} {s.end - s.start:.3f} <NA> <NA> {s.speaker} <NA> <NA>\n"
-                   for s in result.segments)
+    and speaker name without whitespace, which separates RTTM's fields; channel 1, onset and
+    duration in seconds)."""
+    def field(text: str, default: str) -> str:
+        return "_".join(text.split()) or default
+
+    file_id = field(file_id, "audio")
+    return "".join(f"SPEAKER {file_id} 1 {s.start:.3f} {s.end - s.start:.3f} <NA> <NA> {field(s.speaker or '', '<NA>')} "
+                   "<NA> <NA>\n" for s in result.segments)
 
 
 def render(result: TranscriptionResult, response_format: str) -> str:

@@ -14,7 +14,7 @@ from asr_service.diarization.attribution import attribute, speaker_at
 from asr_service.diarization.clustering import cluster, match_known
 from asr_service.diarization.diarizer import SpeakerTurn, letter_names
 from asr_service.diarization.pipeline import reference_clips
-from asr_service.formats import to_diarized_json, to_srt, to_verbose_json, to_vtt
+from asr_service.formats import to_diarized_json, to_rttm, to_srt, to_verbose_json, to_vtt
 from asr_service.request_options import DiarizationOptions, OptionError, build_diarization
 from asr_service.transcription import Segment, TranscriptionResult
 from asr_service.server.admission import Admission, AdmissionLimits, Overloaded
@@ -113,6 +113,12 @@ def test_diarized_json_is_openais_shape():
     assert [(s.id, s.speaker, s.text, s.start, s.end) for s in parsed.segments] == [
         ("seg_0", "A", "Line 0.", 0.0, 0.9), ("seg_1", "Alice", "Line 1.", 1.0, 1.9)]
     assert parsed.usage.seconds == 2
+
+
+def test_rttm_keeps_ten_fields_when_a_name_has_spaces():
+    named = replace(labelled_result(), segments=[replace(s, speaker="Dr. Ann O'Neil") for s in labelled_result().segments])
+    lines = [line.split() for line in to_rttm(named, "team meeting").splitlines()]
+    assert len(lines) == 2 and all(len(f) == 10 and f[1] == "team_meeting" and f[7] == "Dr._Ann_O'Neil" for f in lines)
 
 
 def test_subtitles_name_the_speaker_of_each_cue():
