@@ -183,6 +183,8 @@ async def _until_grace_over(items: AsyncGenerator[StreamItem, None], door: Door)
             following.cancel()
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                 await following
+        elif following is not None and not following.cancelled():
+            following.exception()  # it ended (an item, or the end) just as the client left: seen
         await items.aclose()
 
 
