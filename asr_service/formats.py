@@ -11,6 +11,9 @@ from .transcription import Segment, TranscriptionResult
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 # Formats that need segment times, so the decode runs with Whisper timestamp tokens.
 TIMED_FORMATS = frozenset({"srt", "vtt", "verbose_json", "diarized_json"})
+# Formats whose body reports a failed language detection (language null, as SGLang's
+# verbose_json does); the others answer a request that got no text that way with an error.
+REPORTS_FAILED_DETECTION = frozenset({"verbose_json", "diarized_json"})
 
 
 def _clock(seconds: float, decimal: str) -> str:
@@ -34,7 +37,9 @@ def to_json(result: TranscriptionResult) -> dict:
     return {"text": result.text, **logprobs(result), "usage": usage(result)}
 
 
-def to_verbose_json(result: TranscriptionResult) -> dict:
+def to_verbose_json(result: TranscriptionResult, with_segments: bool = True) -> dict:
+    """verbose_json. ``with_segments`` False: OpenAI's answer to timestamp_granularities[]=word
+    alone, words and no segments."""
     # Beyond OpenAI's segment fields, each segment says its language (chunks of long audio
     # detect their own; see TranscriptionOptions.detect_language_per_chunk).
     # ``speaker`` only when diarization was asked for.
@@ -48,7 +53,7 @@ def to_verbose_json(result: TranscriptionResult) -> dict:
         "language_probability": result.language_probability,
         "duration": result.duration,
         "text": result.text,
-        "segments": segments,
+        **({"segments": segments} if with_segments else {}),
         **logprobs(result),
         "usage": usage(result),
     }

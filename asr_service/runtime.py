@@ -61,7 +61,7 @@ class Runtime:
     @property
     def default_beam_size(self) -> int:
         """Beams for a request that does not choose: faster-whisper's default search where the
-        engine can search (a stream, which cannot, is greedy; request_options.build_options)."""
+        engine can search, else greedy (request_options.build_options)."""
         return DEFAULT_BEAM_SIZE if self.engine.beam_search else 1
 
     def close(self) -> None:

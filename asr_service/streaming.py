@@ -5,7 +5,8 @@ response and reports each window once it is final, in order; this releases each 
 as deltas of a word each. So the deltas only ever append, their concatenation is the result's text, and the
 done item carries the same result a request without ``stream`` gets. A request that the full
 response would refuse as a failed language detection (no text at all, a forced prefix that did
-not parse) ends in one StreamFailed, never an empty success.
+not parse) ends in one StreamFailed, never an empty success; where the full response reports
+the failure in its body instead (verbose_json: language null), so does the done item.
 """
 
 from __future__ import annotations
@@ -57,16 +58,19 @@ def _word_pieces(text: str) -> list[str]:
     return pieces + [rest] if rest else pieces
 
 
-async def render_stream(events: AsyncIterator[PipelineEvent]) -> AsyncIterator[StreamItem]:
+async def render_stream(events: AsyncIterator[PipelineEvent],
+                        failed_detection_is_error: bool = True) -> AsyncIterator[StreamItem]:
     """StreamItems from a run's ChunkDone / Finished events; each delta carries the tokens of
-    the windows released so far (vLLM's continuous usage stats: they never go back)."""
+    the windows released so far (vLLM's continuous usage stats: they never go back).
+    ``failed_detection_is_error``: whether the full response answers a failed detection with
+    no text as an error (formats.REPORTS_FAILED_DETECTION)."""
     emitted = ""  # every delta sent so far
     prompt_tokens = completion_tokens = 0
     try:
         async for event in events:
             if isinstance(event, Finished):
                 result = event.result
-                if result.detection_failure and not result.text:
+                if failed_detection_is_error and result.detection_failure and not result.text:
                     yield StreamFailed(f"{DETECTION_FAILED} ({result.detection_failure})")
                     return
                 yield StreamDone(text=emitted, result=result)

@@ -106,7 +106,8 @@ def test_a_diarized_stream_sends_text_as_it_comes_then_each_segment_with_its_spe
 
 def test_verbose_json_and_subtitles_carry_the_speakers(server, conversation):
     audio, truth = conversation
-    body = post(server, {"response_format": "verbose_json", "diarize": "true", "timestamp_granularities[]": "word"},
+    body = post(server, {"response_format": "verbose_json", "diarize": "true",
+                         "timestamp_granularities[]": ["word", "segment"]},
                 audio).json()
     mapping = assert_one_found_speaker_per_voice(speaker_of_each_turn(truth, body["segments"]))
     assert body["words"] and all("speaker" in s for s in body["segments"])

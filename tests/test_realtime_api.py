@@ -3,6 +3,7 @@ and the OpenAI Python SDK's realtime client for the transcription session."""
 
 import asyncio
 import base64
+import io
 import json
 import time
 
@@ -12,6 +13,7 @@ import jiwer
 import numpy as np
 import openai
 import pytest
+import soundfile as sf
 import websockets
 
 from support.clips import load_clip, reference
@@ -221,7 +223,13 @@ def test_openai_sdk_transcription_session_at_24khz(server, ws_url):
     assert completed.usage.type == "duration" and completed.usage.seconds == pytest.approx(len(audio) / 24000, abs=0.05)
     deltas = [e.delta for e in events if e.type == "conversation.item.input_audio_transcription.delta"]
     assert deltas and "".join(deltas) == completed.transcript
-    assert wer("pt", "pangrama", completed.transcript) <= 0.1, completed.transcript
+    # The utterance's final text is the decode a file of the same audio gets (the same rules:
+    # beams, timestamps, fallback), whatever the previews said.
+    wav = io.BytesIO()
+    sf.write(wav, audio, 24000, format="WAV", subtype="PCM_16")
+    as_file = client.audio.transcriptions.create(model="whisper-1", file=("pangrama.wav", wav.getvalue()))
+    assert completed.transcript == as_file.text
+    assert wer("pt", "pangrama", completed.transcript) <= 0.12, completed.transcript  # one word of nine at most
 
 
 async def test_server_vad_gives_one_completed_item_per_utterance(ws_url):
@@ -240,7 +248,7 @@ async def test_server_vad_gives_one_completed_item_per_utterance(ws_url):
     completed = [e for e in events if e["type"].endswith(".completed")]
     assert [c["item_id"] for c in completed] == [c["item_id"] for c in committed]
     assert committed[1]["previous_item_id"] == committed[0]["item_id"]
-    assert completed[0]["transcript"] == "Hello world."
+    assert normalize(completed[0]["transcript"]) == "hello world", completed[0]
     assert wer("en", "quick_brown_fox", completed[1]["transcript"]) == 0, completed[1]
     started = [e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"]
     assert abs(started[0] - 1500) < 300, started  # speech begins 1.5 s into the stream

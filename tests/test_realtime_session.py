@@ -7,6 +7,7 @@ import numpy as np
 
 from asr_service.realtime.session import Completed, RealtimeSession, SessionConfig, SessionError, TextDelta
 from asr_service.realtime.turn_detection import TurnDetectionSettings
+from asr_service.request_options import build_options
 from support.clips import load_clip
 from support.textnorm import normalize
 
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.model
 
 async def run_session(runtime, audio: np.ndarray, config: SessionConfig, commit: bool = False) -> list:
     events = []
-    session = RealtimeSession(runtime.transcriber, events.append, config=config)
+    file_decode = build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
+    session = RealtimeSession(runtime.transcriber, events.append, file_decode, config=config)
     worker = asyncio.create_task(session.run())
     try:
         for i in range(0, len(audio), 1600):  # 100 ms frames
@@ -73,3 +75,13 @@ async def test_without_vad_the_commit_cuts_and_an_empty_commit_is_an_error(runti
     empty = await run_session(runtime, np.zeros(0, dtype=np.float32), SessionConfig(), commit=True)
     assert [e.code for e in empty if isinstance(e, SessionError)] == ["input_audio_buffer_commit_empty"]
     assert not [e for e in empty if isinstance(e, Completed)]
+
+
+@pytest.mark.parametrize("language, name", [("en", "quick_brown_fox"), ("es", "pangrama"), ("fr", "bonjour_monde")])
+async def test_a_committed_utterance_gets_the_decode_a_file_of_it_gets(runtime, language, name):
+    """The final text of an utterance is a file's decode of the same audio (its beams,
+    timestamps, fallback and thresholds), whatever the previews sent before it."""
+    clip = load_clip(language, name)
+    events = await run_session(runtime, clip, SessionConfig(), commit=True)
+    file_decode = build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
+    assert list(texts_by_item(events).values()) == [(await runtime.transcriber.transcribe(clip, file_decode)).text]

@@ -107,6 +107,22 @@ def test_sdk_word_timestamps(client):
     assert result.segments and result.segments[0].language == "en"
 
 
+def test_sdk_word_granularity_alone_gives_words_and_no_segments(client):
+    """OpenAI's shape: timestamp_granularities=["word"] alone answers words, no segments; the
+    same request streamed ends with the same fields."""
+    asked = dict(model="whisper-1", response_format="verbose_json", timestamp_granularities=["word"])
+    with open(clip_path("en", "quick_brown_fox"), "rb") as f:
+        whole = client.audio.transcriptions.create(file=f, **asked)
+    assert whole.segments is None and "segments" not in whole.model_dump(exclude_unset=True)
+    assert [w.word for w in whole.words] == whole.text.split()
+    with open(clip_path("en", "quick_brown_fox"), "rb") as f:
+        events = list(client.audio.transcriptions.create(file=f, stream=True, **asked))
+    done = events[-1]
+    assert done.type == "transcript.text.done" and done.text == whole.text
+    assert "segments" not in done.model_extra
+    assert [w["word"] for w in done.model_extra["words"]] == [w.word for w in whole.words]
+
+
 def test_sdk_verbose_json_reports_the_detected_language(client):
     with open(clip_path("zh", "nihao_shijie"), "rb") as f:
         result = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",

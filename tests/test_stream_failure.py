@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from asr_service.formats import to_verbose_json
 from asr_service.server.sse import chunk_events, openai_events
 from asr_service.streaming import render_stream
 from asr_service.transcription import ChunkDone, Finished, TranscriptionResult
@@ -60,3 +61,23 @@ def test_the_openai_sdk_raises_on_that_error_event():
     with pytest.raises(openai.APIError, match="language auto-detect failed"):
         list(stream)
 
+
+
+def test_a_verbose_json_stream_reports_the_failure_as_its_full_response_does():
+    """verbose_json answers a failed detection with a 200 whose language is null; its stream's
+    done event is that body's fields, not an error."""
+    async def collect():
+        return [e async for e in openai_events(render_stream(failing_pipeline(), failed_detection_is_error=False),
+                                               verbose=True)]
+    payloads = [e["data"] for e in asyncio.run(collect())]
+    assert payloads[-1] == "[DONE]"
+    done = json.loads(payloads[-2])
+    full = to_verbose_json(asyncio.run(_result()))
+    assert done["type"] == "transcript.text.done" and done["text"] == full["text"] == ""
+    assert done["language"] is full["language"] is None and done["segments"] == full["segments"]
+
+
+async def _result() -> TranscriptionResult:
+    async for event in failing_pipeline():
+        if isinstance(event, Finished):
+            return event.result

@@ -155,9 +155,13 @@ class Utterance:
 
 
 class RealtimeSession:
-    def __init__(self, transcriber: Transcriber, emit: Callable[[SessionEvent], None],
+    def __init__(self, transcriber: Transcriber, emit: Callable[[SessionEvent], None], file_decode: TranscriptionOptions,
                  limits: RealtimeLimits = RealtimeLimits(), config: SessionConfig = SessionConfig()):
+        """``file_decode``: the options a file sent with no options of its own is decoded with
+        (request_options.build_options): an utterance's final decode is that decode of its
+        audio, with the session's language, allowed languages and prompt."""
         self.transcriber = transcriber
+        self.file_decode = file_decode
         self.emit = emit
         self.limits = limits
         self.config = config
@@ -361,16 +365,18 @@ class RealtimeSession:
                 and new >= self.limits.partial_interval_s * SAMPLE_RATE)
 
     def _options(self, utterance: Utterance) -> TranscriptionOptions:
-        return TranscriptionOptions(language=utterance.language or self.config.language,
-                                    candidate_languages=self.config.allowed_languages,
-                                    previous_text=self.config.prompt)
+        """The final decode's: a file's (beams, timestamps and seek, fallback, thresholds), so a
+        loop inside an utterance is caught before its text is sent."""
+        return replace(self.file_decode, language=utterance.language or self.config.language,
+                       candidate_languages=self.config.allowed_languages, previous_text=self.config.prompt)
 
     async def _decode_partial(self, utterance: Utterance) -> None:
         audio = utterance.audio()
         utterance.decoded_samples = audio.shape[0]
         budget = partial_token_budget(audio.shape[0] / SAMPLE_RATE)
-        # No temperature fallback: a partial that fails is simply not agreed with.
-        options = replace(self._options(utterance), fallback_temperatures=(), max_new_tokens=budget,
+        # A preview, greedy and without temperature fallback: a partial that fails is simply not
+        # agreed with, and the final decode is the file's.
+        options = replace(self._options(utterance), beam_size=1, fallback_temperatures=(), max_new_tokens=budget,
                           name_language_of_silence=False)
         result = await self.transcriber.transcribe(audio, options)
         usable = result.detection_failure is None and result.finish_reason != "length"  # not cut by the budget

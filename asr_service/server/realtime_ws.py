@@ -23,6 +23,7 @@ from ..realtime import protocol
 from ..realtime.input_audio import InputAudioDecoder, InputAudioError
 from ..realtime.protocol import OPENAI, VLLM, ProtocolError
 from ..realtime.session import Completed, RealtimeLimits, RealtimeSession, SessionConfig
+from ..request_options import build_options
 from .errors import OpenAIError, clipped
 from .gate import (GRACE_OVER_MESSAGE, POLICY_VIOLATION, SERVICE_RESTART, TRY_AGAIN_LATER, Door, dialect_of,
                    offered_subprotocol, refuse_websocket)
@@ -52,7 +53,9 @@ class RealtimeConnection:
         self.session_id = f"sess_{uuid.uuid4().hex[:20]}"
         self._outbox: asyncio.Queue[dict | None] = asyncio.Queue()
         config = protocol.OPENAI_DEFAULTS if self.dialect == OPENAI else protocol.VLLM_DEFAULTS
-        self.session = RealtimeSession(runtime.transcriber, self._emit, limits, config)
+        file_decode = build_options({}, runtime.adapter, "transcribe", "json",
+                                    default_beam_size=runtime.default_beam_size)
+        self.session = RealtimeSession(runtime.transcriber, self._emit, file_decode, limits, config)
         self._decoder = InputAudioDecoder(config.input_format)
         # Audio, not housekeeping events, keeps a session from its idle timeout.
         self._opened = self._last_audio = time.monotonic()

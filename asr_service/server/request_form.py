@@ -41,6 +41,9 @@ class TranscriptionRequest:
     stream_include_usage: bool
     stream_continuous_usage_stats: bool = False
     diarization: DiarizationOptions | None = None  # who spoke when, with the transcript
+    # verbose_json's segments: OpenAI leaves them out when timestamp_granularities names
+    # "word" alone (the default granularity is "segment").
+    with_segments: bool = True
 
 
 def _bad(param: str, message: str, code: str = "invalid_value") -> OpenAIError:
@@ -156,7 +159,8 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
                                                                "is not one", code="unsupported_value")
     except OptionError as e:
         raise _bad(e.param, str(e), e.code) from None
+    granularities = values["timestamp_granularities"] or ["segment"]
     return TranscriptionRequest(file=file, response_format=response_format,
                                 options=options, stream=stream, stream_format=stream_format,
                                 stream_include_usage=include_usage, stream_continuous_usage_stats=continuous_usage,
-                                diarization=diarization)
+                                diarization=diarization, with_segments="segment" in granularities)

@@ -44,15 +44,17 @@ async def _guarded(items: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem
 VERBOSE_FIELDS = ("task", "language", "source_language", "language_probability", "duration", "segments", "words")
 
 
-def _verbose_fields(item: StreamDone) -> dict:
-    body = to_verbose_json(item.result)
+def _verbose_fields(item: StreamDone, with_segments: bool) -> dict:
+    body = to_verbose_json(item.result, with_segments)
     return {k: body[k] for k in VERBOSE_FIELDS if k in body}
 
 
-async def openai_events(items: AsyncIterator[StreamItem], verbose: bool = False) -> AsyncIterator[dict]:
+async def openai_events(items: AsyncIterator[StreamItem], verbose: bool = False,
+                        with_segments: bool = True) -> AsyncIterator[dict]:
     """``transcript.text.delta`` events (a diarized stream: then its ``transcript.text.segment``
     events), then ``transcript.text.done``, then ``[DONE]``. A ``verbose`` (verbose_json)
-    stream's done event also carries verbose_json's segments, words, language and duration."""
+    stream's done event also carries verbose_json's segments (unless not ``with_segments``),
+    words, language and duration."""
     async for item in _guarded(items):
         if isinstance(item, StreamDelta):
             yield _data({"type": "transcript.text.delta", "delta": item.text})
@@ -69,7 +71,7 @@ async def openai_events(items: AsyncIterator[StreamItem], verbose: bool = False)
                 "usage": {"type": "tokens", "input_tokens": item.result.prompt_tokens,
                           "output_tokens": item.result.output_tokens,
                           "total_tokens": item.result.prompt_tokens + item.result.output_tokens},
-                **(_verbose_fields(item) if verbose else {}),
+                **(_verbose_fields(item, with_segments) if verbose else {}),
             })
     yield {"data": "[DONE]"}
 

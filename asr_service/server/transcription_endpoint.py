@@ -27,7 +27,7 @@ from starlette.datastructures import FormData
 from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_audio
 from ..engine.params import DecodeFailed, EngineUnavailable
 from ..diarization.pipeline import diarizer_for, reference_clips, stream_with_speakers, transcribe_with_speakers
-from ..formats import render, to_diarized_json, to_json, to_verbose_json
+from ..formats import REPORTS_FAILED_DETECTION, render, to_diarized_json, to_json, to_verbose_json
 from ..request_options import OptionError
 from ..streaming import StreamDone, StreamFailed, StreamItem, render_stream
 from .admission import Overloaded, Ticket
@@ -263,7 +263,8 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
     if req.stream:
         async def items():
             try:
-                rendered = render_stream(runtime.transcriber.run(audio, req.options))
+                rendered = render_stream(runtime.transcriber.run(audio, req.options),
+                                         req.response_format not in REPORTS_FAILED_DETECTION)
                 if req.diarization is not None:
                     rendered = stream_with_speakers(rendered, runtime.transcriber, diarizer, audio, req.diarization,
                                                     clips)
@@ -279,7 +280,7 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
                 _release(ticket, lease)
 
         events = (chunk_events(items(), lease.name, req.stream_include_usage, req.stream_continuous_usage_stats)
-                  if req.stream_format == "chunk" else openai_events(items(), req.response_format == "verbose_json"))
+                  if req.stream_format == "chunk" else openai_events(items(), req.response_format == "verbose_json", req.with_segments))
         # The release also runs after the response, for a stream that never started.
         return EventSourceResponse(events, background=BackgroundTask(_release, ticket, lease))
     if req.diarization is None:
@@ -315,10 +316,10 @@ def _release(ticket: Ticket, lease: Lease | None) -> None:
 
 def _respond(result, req: TranscriptionRequest) -> Response:
     if req.response_format == "verbose_json":
-        return JSONResponse(to_verbose_json(result))  # language is null when detection failed
+        return JSONResponse(to_verbose_json(result, req.with_segments))  # language is null when detection failed
     if req.response_format == "diarized_json":
         return JSONResponse(to_diarized_json(result))
-    if result.detection_failure and not result.text:
+    if result.detection_failure and not result.text:  # not REPORTS_FAILED_DETECTION
         param = "max_completion_tokens" if req.options.max_new_tokens is not None else None
         raise OpenAIError(400 if param else 500, f"Language auto-detect failed: {result.detection_failure}",
                           param=param, code="language_detection_failed")
