@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long bench-diarization bench-page speech-tools clean
+.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long bench-stream bench-diarization bench-page speech-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,10 @@ speech-tools:
 
 bench-long: $(BENCH_STAMP) speech-tools
 	$(BIN)/python -m bench.long_audio
+
+# A stream against its full response on the same long files: first text, total time, same bytes.
+bench-stream: $(BENCH_STAMP) speech-tools
+	$(BIN)/python -m bench.stream_release
 
 # Diarization error rate, speaker count and added time on support/speakers.py's voices.
 bench-diarization: $(BENCH_STAMP) speech-tools

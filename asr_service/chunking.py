@@ -185,7 +185,8 @@ def _padded(regions: list[tuple[int, int]], i: int, pad: int, length: int) -> tu
 
 def speech_windows(audio: np.ndarray, speech: list[tuple[int, int]], sample_rate: int = 16000,
                    max_seconds: float = 30.0, pad_seconds: float = 0.4, long_pause_seconds: float = 1.8,
-                   kept_pause_seconds: float = 1.2, join_long_pauses: bool = True) -> list[AudioChunk]:
+                   kept_pause_seconds: float = 1.2, join_long_pauses: bool = True,
+                   first_seconds: float | None = None) -> list[AudioChunk]:
     """Windows of at most ``max_seconds`` of samples that hold the ``speech`` regions (sorted
     sample ranges as the VAD heard them), each padded by ``pad_seconds`` (pad_regions), packed
     as full as they go. A pause shorter than ``long_pause_seconds`` stays in its window as it
@@ -196,7 +197,9 @@ def speech_windows(audio: np.ndarray, speech: list[tuple[int, int]], sample_rate
     ``join_long_pauses`` a long pause ends a window instead (each window then holds speech
     that runs on, as one speaker's turn or one language does). Only a region longer than
     ``max_seconds`` (speech with no pause) is cut inside, at its quietest point in the last
-    LONG_SPEECH_SEARCH_S before each limit (split_audio).
+    LONG_SPEECH_SEARCH_S before each limit (split_audio). ``first_seconds``: the first window
+    holds at most this much (unless its first region alone is longer), the later ones as
+    before.
 
     Packing matters because every window costs a whole encoder pass however little speech it
     holds: audio with a pause every few seconds would otherwise take a window for each
@@ -205,7 +208,7 @@ def speech_windows(audio: np.ndarray, speech: list[tuple[int, int]], sample_rate
     a little longer than the padding (1.2 s, not 0.8) measured a few word errors fewer over six
     long files, greedy and with beams (docs/long-form.md)."""
     return SpeechWindowPacker(audio, sample_rate, max_seconds, pad_seconds, long_pause_seconds,
-                              kept_pause_seconds, join_long_pauses).finish(speech)
+                              kept_pause_seconds, join_long_pauses, first_seconds).finish(speech)
 
 
 class SpeechWindowPacker:
@@ -216,11 +219,16 @@ class SpeechWindowPacker:
     first piece that does not fit in it, so a region is packed once the one after it is known."""
 
     def __init__(self, audio: np.ndarray, sample_rate: int, max_seconds: float, pad_seconds: float,
-                 long_pause_seconds: float, kept_pause_seconds: float, join_long_pauses: bool):
+                 long_pause_seconds: float, kept_pause_seconds: float, join_long_pauses: bool,
+                 first_seconds: float | None = None):
         rate = sample_rate
         self._audio, self._rate, self._max_seconds = audio, rate, max_seconds
         self._pad = round(pad_seconds * rate)
         self._max_len = int(max_seconds * rate)
+        # The first window's bound, when shorter: it decodes first and alone, so a request's
+        # first text comes early (transcription.Transcriber.run).
+        self._first_max_len = int(min(first_seconds or max_seconds, max_seconds) * rate)
+        self._closed = 0  # windows handed out so far
         self._long_gap = max(0, round(long_pause_seconds * rate) - 2 * self._pad)  # a long pause between padded regions
         # silence kept each side of a join
         self._margin = max(self._pad, round(min(kept_pause_seconds, long_pause_seconds) * rate / 2))
@@ -262,7 +270,8 @@ class SpeechWindowPacker:
         gap = start - self._stretches[-1][1]
         widen = min(self._margin - self._pad, gap // 2) if gap >= self._long_gap else 0  # more of a long pause kept, each side
         grown = self._length + (end - start) + (gap if gap < self._long_gap else 2 * widen)
-        if grown > self._max_len or (gap >= self._long_gap and not self._join_long_pauses):
+        if grown > (self._max_len if self._closed else self._first_max_len) or (gap >= self._long_gap
+                                                                              and not self._join_long_pauses):
             return False
         if gap < self._long_gap:
             self._stretches[-1][1] = end
@@ -273,6 +282,7 @@ class SpeechWindowPacker:
         return True
 
     def _window(self) -> AudioChunk:
+        self._closed += 1
         return AudioChunk.joined(self._audio, [(start, end) for start, end in self._stretches], self._rate, self._margin)
 
 

@@ -6,7 +6,7 @@ import json
 import math
 from dataclasses import asdict
 
-from .transcription import Segment, TranscriptionResult
+from .transcription_types import Segment, TranscriptionResult
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 # Formats that need segment times, so the decode runs with Whisper timestamp tokens.

@@ -19,7 +19,7 @@ from adapters.base import TranscriptionAdapter, UnsupportedLanguageError
 from .fallback import QualityThresholds
 from .formats import TIMED_FORMATS
 from .speech_gate import VadSettings
-from .transcription import TranscriptionOptions
+from .transcription_types import TranscriptionOptions
 
 
 class OptionError(ValueError):
@@ -95,7 +95,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("frequency_penalty", float, "subtracted from a token's logit once per time it is in the text", -2.0, 2.0),
     Option("presence_penalty", float, "subtracted from the logit of every token already in the text", -2.0, 2.0),
     # No upper bound: vLLM clients send 1e6 and expect the model's own limit to apply (clamped
-    # per window in Transcriber.params_for).
+    # per window in window_decode.decode_params).
     Option("max_completion_tokens", int, "text tokens per 30 s window at most (above the model's limit: that limit)",
            1, None),
     Option("temperature_fallback", bool, "decode a window again hotter when it fails the thresholds (default true)"),

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from .transcription import Finished, PipelineEvent, Segment, TranscriptionResult
+from .transcription_types import Finished, PipelineEvent, Segment, TranscriptionResult
 
 DETECTION_FAILED = "language auto-detect failed: forced-prefix sentinel was not produced before stream end"
 

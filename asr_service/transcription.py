@@ -5,154 +5,56 @@ ChunkDone once the window is final, then the assembled result. ``transcribe`` dr
 result; the streaming renderer (streaming.py) releases each ChunkDone's text as a delta. The
 decode does not know whether anyone reads the events early: a stream is the full response,
 released sooner, and the concatenated ChunkDone texts are the result's text by construction
-(_TextJoin). Each window of a request is submitted as soon as it is planned (a long file's while
+(TextJoin). Each window of a request is submitted as soon as it is planned (a long file's while
 the rest of it is still scanned for speech), so they decode concurrently in the engine's batch
 (one after another when each is conditioned on the text before it); results keep their true
-time offsets.
+time offsets. Each window's decodes carry the time it was planned as their priority in the
+engine (engine.interface): a window's continuations and retries go ahead of later windows, so
+windows end in order; and a long file's first window is short and decodes alone
+(FIRST_WINDOW_S), so its first text comes early while the later windows still share the batch.
 
-A window is final once its decode has been judged by the fallback policy (decoded again hotter
-when it fails the thresholds), continued where its text stopped before the speech in it ended
-(the seek), cut and decoded again in parts where it could not be kept whole across the long
-pauses it leaves out (_cuts), and its language settled: a window whose detection is an outlier
-of the vote of the windows up to it is decoded again in the vote's language. That rule looks
-only backwards, so a window's text never changes once it is released.
+A window is final once its decode (window_decode.WindowDecode: fallback, seek, cuts) is done
+and its language settled: a window whose detection is an outlier of the vote of the windows up
+to it is decoded again in the vote's language. That rule looks only backwards, so a window's
+text never changes once it is released.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import dataclass, replace
 from contextlib import aclosing
 from typing import AsyncIterator, Callable
 
 import numpy as np
 
-from adapters.base import ParsedOutput, TranscriptionAdapter
+from adapters.base import TranscriptionAdapter
 
 from . import two_stage
 from .chunking import AudioChunk, SpeechWindowPacker, split_audio
 from .engine.features import HOP_LENGTH
 from .engine.interface import Engine
-from .engine.params import DecodeParams, SequenceResult, UnsupportedDecode, raise_if_failed
-from .fallback import DecodeFigures, QualityThresholds, compression_ratio, is_silent, needs_fallback, pick_best
+from .engine.params import UnsupportedDecode
+from .fallback import compression_ratio
 from .language_vote import is_outlier, vote
-from .speech_gate import SpeechGate, SpeechScan, VadSettings
-from .word_timing import FRAMES_PER_SECOND, Word, snap_to_speech_onsets, word_times
-
-
-@dataclass(frozen=True)
-class TranscriptionOptions:
-    task: str = "transcribe"
-    language: str | None = None  # None: fused detection in the same decode
-    timestamps: bool = False
-    previous_text: str | None = None  # the request's prompt: conditions every chunk
-    candidate_languages: tuple[str, ...] | None = None
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float = 0.0
-    seed: int | None = None
-    max_new_tokens: int | None = None
-    # vLLM's penalties (engine/params.py DecodeParams), neutral by default; fallback retries keep them.
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    # "fused" (one decode per chunk) or "two-stage" (the baseline of two_stage.py).
-    detection: str = "fused"
-    # At temperature 0, a chunk that fails the thresholds is decoded again at these.
-    fallback_temperatures: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
-    thresholds: QualityThresholds = QualityThresholds()
-    # Each chunk keeps the language it detected (code-switching audio) instead of the vote.
-    detect_language_per_chunk: bool = False
-    # Condition each chunk on the text of the one before (chunks then decode one by one).
-    condition_on_previous_text: bool = False
-    hotwords: str | None = None  # words to favour, given to the model as context
-    # Windows in which the speech gate (Silero VAD) hears no speech are not decoded at all.
-    vad_filter: bool = True
-    vad: VadSettings = VadSettings()  # where long audio is cut (the request's chunking_strategy)
-    word_timestamps: bool = False  # words with times, from the alignment heads' attention
-    beam_size: int = 1  # above 1: beam search for the temperature-0 decode (fallback retries sample)
-    length_penalty: float | None = None
-    # The kept decodes' text tokens with their log-probabilities in the result (include[]=logprobs).
-    token_logprobs: bool = False
-    # Audio with no speech gets its most probable language (one encoder pass, one decoder step)
-    # rather than none; realtime partial decodes, which only compare texts, skip it.
-    name_language_of_silence: bool = True
-
+from .speech_gate import SpeechGate, SpeechScan
+from .transcription_types import (ChunkDone, Finished, PipelineEvent, Segment, TokenLogprob, TranscriptionOptions,
+                                  TranscriptionResult)
+from .window_decode import DecodeParts, TextJoin, WindowDecode, WindowOutcome, decode_params, token_logprobs
+from .word_timing import Word, snap_to_speech_onsets
 
 # faster-whisper's rule: context decoded this hot is too unreliable to condition the next chunk.
 PROMPT_RESET_TEMPERATURE = 0.5
 
-# Fallback retries sample with this seed (plus their index) when the request gives none: the
-# same request gets the same answer.
-FALLBACK_SEED = 0
-
-# The seek: a window whose decode stopped before its speech ended is decoded again from there.
-MAX_CONTINUATIONS = 3  # per window; each must make progress, so a loop cannot run on
-SEEK_MIN_PROGRESS_S = 1.0  # a continuation starts at least this far into the audio before it
-SEEK_MIN_REST_S = 0.5  # and has at least this much audio to decode
-SEGMENT_END_SLACK_S = 0.5  # Whisper often times a segment's end a little before the speech ends
-UNCOVERED_SPEECH_S = 0.4  # this much speech heard after the last segment: the decode missed some
-SEEK_LEAD_S = 0.4  # a continuation starts this far before the speech it is for
-
-
-@dataclass
-class Segment:
-    id: int
-    seek: int
-    start: float
-    end: float
-    text: str
-    tokens: list[int]
-    temperature: float
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float | None
-    language: str | None
-    speaker: str | None = None  # with diarization (diarization/attribution.py): who said it
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """A generated text token, in OpenAI's logprobs shape: its text, its UTF-8 bytes (a
-    character may span tokens: then ``token`` holds U+FFFD for the part it lacks) and its
-    log-probability under the decode that was kept."""
-
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-@dataclass
-class TranscriptionResult:
-    task: str
-    text: str
-    language: str | None
-    language_probability: float | None
-    duration: float
-    segments: list[Segment] = field(default_factory=list)
-    words: list[Word] | None = None  # with word_timestamps: every word, times from the audio start
-    # Why language detection failed on some chunk (None when it did not).
-    detection_failure: str | None = None
-    prompt_tokens: int = 0  # over the kept decodes of all chunks
-    output_tokens: int = 0
-    # "length" when the token cap (max_completion_tokens, or the model's) cut a kept decode's
-    # text, else "stop": what vLLM and SGLang report as finish_reason.
-    finish_reason: str = "stop"
-    logprobs: list[TokenLogprob] | None = None  # with token_logprobs: every text token, in order
-
-
-@dataclass
-class ChunkOutcome:
-    """One chunk's kept decode, parsed, with the figures the fallback policy judged it by."""
-
-    chunk: AudioChunk
-    params: DecodeParams | None  # None: the speech gate heard no speech, nothing was decoded
-    result: SequenceResult
-    language_probs: dict[str, float]
-    parsed: ParsedOutput
-    figures: DecodeFigures
-    words: list[Word] = field(default_factory=list)  # with word_timestamps: timed within the chunk
+# Audio longer than this many windows opens with a first window of at most FIRST_WINDOW_S
+# (cut where the speech pauses), which decodes alone before the rest start: a window's decode
+# ends with the batch it is in, so a first window decoded among all the others would end with
+# them, near the end of the request. Decoded alone, and short, its text comes within a fraction
+# of the request's time; the rest then decode together as before. The cost is one more window
+# and the first window's steps unshared.
+FIRST_WINDOW_AFTER_WINDOWS = 2
+FIRST_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -161,10 +63,13 @@ class WindowPlan:
     file's VAD scan hands them out block by block, so its first windows decode while the rest is
     scanned), and where the VAD heard speech start and end (sample ranges, no padding; None
     when the gate is off), which the planning extends as it goes: complete once ``windows`` is
-    exhausted. For audio of one window only the first speech is known: its scan stops there."""
+    exhausted. For audio of one window only the first speech is known: its scan stops there.
+    ``first_alone``: the first window is a short one that decodes before the others start
+    (FIRST_WINDOW_S)."""
 
     windows: AsyncIterator[AudioChunk]
     speech: list[tuple[int, int]] | None
+    first_alone: bool = False
 
     async def all_windows(self) -> list[AudioChunk]:
         """Every window, once all are planned."""
@@ -176,71 +81,10 @@ async def _listed(windows: list[AudioChunk]) -> AsyncIterator[AudioChunk]:
         yield window
 
 
-@dataclass
-class WindowOutcome:
-    """A window's decode, then its continuations (seek) when the decode stopped before the
-    speech in the window ended: pieces in time order, each over the audio from its start on."""
-
-    window: AudioChunk
-    pieces: list[ChunkOutcome]
-
-    @property
-    def head(self) -> ChunkOutcome:
-        """The decode of the whole window: its language detection is the window's."""
-        return self.pieces[0]
-
-    def released(self) -> WindowOutcome:
-        """The decoded window as kept until the response is assembled: the maps of the window
-        and its pieces, without their samples (AudioChunk.released)."""
-        return WindowOutcome(self.window.released(), [replace(p, chunk=p.chunk.released()) for p in self.pieces])
-
-
-# ---- what a run yields ----
-
-@dataclass(frozen=True)
-class ChunkDone:
-    """Window ``index`` is final: ``text`` is exactly what it adds to the result's text (with
-    the joiner before it when text came before), and the tokens its kept decodes used."""
-
-    index: int
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-
-
-@dataclass(frozen=True)
-class Finished:
-    result: TranscriptionResult
-
-
-PipelineEvent = ChunkDone | Finished
-
-
-class _TextJoin:
-    """The result's text, built piece by piece in time order, the one way the response and the
-    stream both give it: a piece's text follows the one before it with its language's joiner
-    (none in languages written without spaces), or a space when the two languages differ."""
-
-    def __init__(self, adapter: TranscriptionAdapter):
-        self.adapter = adapter
-        self.text = ""
-        self._language: str | None = None
-
-    def add(self, pieces: list[tuple[str | None, str]]) -> str:
-        """Append the (language, text) pieces; returns what they added."""
-        added = ""
-        for language, text in pieces:
-            if self.text or added:
-                added += self.adapter.joiner(language if language == self._language else None)
-            added += text
-            self._language = language
-        self.text += added
-        return added
-
-
 @dataclass(frozen=True)
 class _PlannedWindow:
     window: AudioChunk
+    priority: float  # when it was planned (engine.interface)
     job: asyncio.Future | None  # -> WindowOutcome; None: started when the text before it is known
 
 
@@ -249,10 +93,7 @@ class Transcriber:
         self.engine = engine
         self.adapter = adapter
         self.gate = gate
-
-    async def _gate_work(self, scan, *args):
-        """A speech gate scan (CPU work), off the event loop on the gate's own thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.gate.worker, scan, *args)
+        self.parts = DecodeParts(engine, adapter, gate)
 
     # ---- the two ways in ----
     async def transcribe(self, audio: np.ndarray, options: TranscriptionOptions = TranscriptionOptions(),
@@ -283,27 +124,31 @@ class Transcriber:
                     job = None
                     if not conditioned:
                         await room.acquire()
-                        job = self._start(window, options, None, on_chunk_done)
+                        if jobs and plan.first_alone:
+                            await asyncio.wait({jobs[0]})
+                    priority = time.monotonic()
+                    if not conditioned:
+                        job = self._start(window, options, None, priority, on_chunk_done)
                         job.add_done_callback(lambda _: room.release())
                         jobs.append(job)
-                    planned.put_nowait(_PlannedWindow(window, job))
+                    planned.put_nowait(_PlannedWindow(window, priority, job))
             finally:
                 planned.put_nowait(None)
 
         planning = asyncio.ensure_future(start_windows())
         outcomes: list[WindowOutcome] = []
-        joined = _TextJoin(self.adapter)
+        joined = TextJoin(self.adapter)
         previous: str | None = None
         try:
             while (item := await planned.get()) is not None:
                 job = item.job
                 if job is None:  # each window needs the text before it: one at a time
-                    job = self._start(item.window, options, previous, on_chunk_done)
+                    job = self._start(item.window, options, previous, item.priority, on_chunk_done)
                     jobs.append(job)
-                outcome = await self._settled(outcomes, await job, options, audio, previous)
+                outcome = await self._settled(outcomes, await job, options, audio, previous, item.priority)
                 outcomes.append(outcome)
                 kept = [p for p in outcome.pieces if p.params is not None]
-                yield ChunkDone(len(outcomes) - 1, joined.add(self._kept_texts(outcome, options)),
+                yield ChunkDone(len(outcomes) - 1, joined.add(outcome.kept_texts()),
                                 sum(len(p.params.prompt_ids) for p in kept), sum(len(p.result.token_ids) for p in kept))
                 previous = self._context_after(outcome, previous, options)
             await planning  # a planning failure is the request's
@@ -323,7 +168,7 @@ class Transcriber:
         the caller gets a 400 instead of a failure mid-request."""
         # Conditioning on the previous chunk puts its text in the next chunk's prompt.
         previous = "." if options.condition_on_previous_text else None
-        return self.engine.refusal(self.params_for(self._for_model(options), previous_text=previous))
+        return self.engine.refusal(decode_params(self.adapter, self._for_model(options), previous_text=previous))
 
     def _for_model(self, options: TranscriptionOptions) -> TranscriptionOptions:
         """A model that detects no language (English-only Whisper) transcribes its one language:
@@ -347,7 +192,7 @@ class Transcriber:
         vad, pad = options.vad, round(options.vad.pad_s * rate)
         if audio.shape[0] <= cfg.max_clip_seconds * rate:
             # One window from the first speech on: a scan that stops there (cheap), not a full one.
-            onset = await self._gate_work(self.gate.speech_start, audio, vad.threshold)
+            onset = await self.parts.gate_work(self.gate.speech_start, audio, vad.threshold)
             if onset is None:
                 return WindowPlan(_listed([AudioChunk(0, audio, rate)]), [])
             start = max(0, onset - pad)
@@ -357,249 +202,37 @@ class Transcriber:
         # parts: _cuts), and not for code-switching audio (each window detects its own
         # language: the one it opens with).
         joins = options.timestamps and not options.detect_language_per_chunk
+        first_alone = audio.shape[0] > FIRST_WINDOW_AFTER_WINDOWS * cfg.max_clip_seconds * rate
         packer = SpeechWindowPacker(audio, rate, cfg.max_clip_seconds, vad.pad_s, vad.long_pause_s, vad.kept_pause_s,
-                                    join_long_pauses=joins)
+                                    join_long_pauses=joins, first_seconds=FIRST_WINDOW_S if first_alone else None)
         speech: list[tuple[int, int]] = []
         return WindowPlan(self._scanned_windows(SpeechScan(self.gate, audio, vad.min_silence_s, vad.threshold),
-                                                packer, speech), speech)
+                                                packer, speech), speech, first_alone)
 
     async def _scanned_windows(self, scan: SpeechScan, packer: SpeechWindowPacker,
                                speech: list[tuple[int, int]]) -> AsyncIterator[AudioChunk]:
         """A long file's windows (chunking.speech_windows), each handed out as soon as the scan
         has heard enough to know it will not change; ``speech`` grows with the regions found."""
-        while await self._gate_work(scan.scan_block):
-            speech += (await self._gate_work(scan.regions))[len(speech):]
+        while await self.parts.gate_work(scan.scan_block):
+            speech += (await self.parts.gate_work(scan.regions))[len(speech):]
             for window in packer.finish(speech) if scan.done else packer.windows_final(speech):
                 yield window
 
-    def params_for(self, options: TranscriptionOptions, language: str | None = None,
-                   previous_text: str | None = None) -> DecodeParams:
-        language = language or options.language
-        context = " ".join(t.strip() for t in (options.hotwords, previous_text or options.previous_text) if t and t.strip())
-        if language is not None:
-            params = self.adapter.build_prompt(language, options.task, options.timestamps, context or None)
-        else:
-            params = self.adapter.build_fused_autodetect_params(
-                options.task, options.timestamps, options.candidate_languages, context or None
-            )
-        changes = {"temperature": options.temperature, "seed": options.seed, "top_k": options.top_k, "top_p": options.top_p,
-                   "min_p": options.min_p, "repetition_penalty": options.repetition_penalty,
-                   "frequency_penalty": options.frequency_penalty, "presence_penalty": options.presence_penalty}
-        if options.max_new_tokens is not None:
-            # The budget is for text: the prefix a fused decode generates first, and a timed
-            # decode's opening timestamp, are not counted.
-            budget = options.max_new_tokens + self.adapter.tokens_before_text(params)
-            changes["max_new_tokens"] = min(params.max_new_tokens, budget)
-        if options.word_timestamps:
-            changes["alignment_heads"] = self.adapter.alignment_heads
-        if options.beam_size > 1 and options.temperature == 0:
-            changes.update(beam_size=options.beam_size, length_penalty=options.length_penalty)
-        return replace(params, **changes)
-
     # ---- one chunk ----
-    def _start(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
+    def _start(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None, priority: float,
                on_chunk_done: Callable[[AudioChunk], None] | None) -> asyncio.Future:
         """The window's decode, started: a future of its WindowOutcome."""
         async def work() -> WindowOutcome:
-            outcome = await self._decode_window(chunk, options, previous_text)
+            outcome = await WindowDecode(self.parts, options, previous_text, priority).run(chunk)
             if on_chunk_done:
                 on_chunk_done(chunk)
             return outcome.released()
 
         return asyncio.ensure_future(work())
 
-    async def _decode_window(self, window: AudioChunk, options: TranscriptionOptions,
-                             previous_text: str | None) -> WindowOutcome:
-        """The window's decode, continued (seek) while a piece stopped before the speech in it
-        ended: the rest is decoded again from where the text stopped, in the window's language.
-        Continuations decode after the piece before them."""
-        head = await self._decode_chunk(window, options, previous_text, splits=True)
-        cuts = self._cuts(head, options)
-        if cuts:
-            return await self._decode_parts(window, cuts, head, options, previous_text)
-        outcome = WindowOutcome(window, [head])
-        while len(outcome.pieces) <= MAX_CONTINUATIONS:
-            last = outcome.pieces[-1].chunk
-            resume = await self._resume_point(outcome.pieces[-1], options)
-            if resume is None:
-                break
-            rest = last.tail(resume)
-            language = options.language or outcome.head.parsed.language
-            shown = self._window_text(outcome, options)
-            # The window's text so far conditions the continuation (as the sequential algorithm
-            # conditions each window on the last): a short rest of audio decoded without it is
-            # often misheard.
-            context = " ".join(t for t in (previous_text or options.previous_text, shown) if t) or None
-            if context and self.engine.refusal(self.params_for(options, language, context)) is not None:
-                context = None  # an engine that carries no prompt (SGLang without the plugin): the rest alone
-            outcome.pieces.append(await self._decode_chunk(rest, replace(options, language=language), context))
-        return outcome
-
-    @staticmethod
-    def _cuts(piece: ChunkOutcome, options: TranscriptionOptions) -> list[int]:
-        """Where (joins, as offsets into the window) a window that joins stretches of the audio
-        is cut and decoded again as parts, when its first decode cannot be kept whole:
-        - all of them when its text compresses like a repetition loop: several stretches of
-          speech may well say the same thing (a phrase said again after a pause, a drill, a
-          chorus), which no temperature fallback can tell from a loop, and the sampled retries
-          drop repeats;
-        - else those a segment runs across, from the speech before a left-out pause to the
-          speech after it: Whisper writes a sentence said again after a short pause as one
-          sentence as often as not (copies of one recording above all), and a segment over a
-          join is how that shows; speech of one turn on both sides of a long pause is rare.
-        Each part then decodes on its own (and is cut again if it must be); a stretch that
-        still repeats itself goes to the temperature fallback."""
-        chunk, parsed, ratio = piece.chunk, piece.parsed, options.thresholds.compression_ratio
-        if (not chunk.joins or piece.params is None or piece.figures.temperature != 0 or parsed.failure is not None
-                or is_silent(piece.figures, options.thresholds)):
-            return []
-        joins = chunk.join_offsets
-        if ratio is not None and piece.figures.compression_ratio > ratio:
-            return joins
-        rate, margin = chunk.sample_rate, chunk.join_margin
-        return [j for j in joins if any(s.end is not None and s.start * rate < j - margin and j + margin < s.end * rate
-                                        for s in parsed.segments)]
-
-    async def _decode_parts(self, window: AudioChunk, cuts: list[int], first: ChunkOutcome,
-                            options: TranscriptionOptions, previous_text: str | None) -> WindowOutcome:
-        """The window decoded as the parts ``cuts`` make, each a window of its own (with its
-        seek, its cuts and its fallback), their pieces in time order. The window's language
-        detection stays its whole decode's."""
-        parts = await asyncio.gather(*(self._decode_window(part, options, previous_text)
-                                       for part in window.split(cuts)))
-        pieces = [piece for part in parts for piece in part.pieces]
-        pieces[0].language_probs = first.language_probs
-        return WindowOutcome(window, pieces)
-
-    async def _resume_point(self, piece: ChunkOutcome, options: TranscriptionOptions) -> int | None:
-        """Where speech in the piece's audio goes on past its text (samples into the piece),
-        or None. Two signs: the decode ended on an opening timestamp (the
-        model's own sign), or the VAD hears speech after the last segment's end. Both need
-        timestamps: without them nothing says where the text stopped."""
-        parsed, chunk = piece.parsed, piece.chunk
-        if (not options.timestamps or piece.params is None or parsed.failure is not None
-                or is_silent(piece.figures, options.thresholds)):
-            return None
-        if parsed.segments and parsed.segments[-1].end is None:
-            return None  # the text runs to the end of the audio (cut by the token budget)
-        if parsed.continues_at is not None:
-            resume = parsed.continues_at
-        else:
-            resume = await self._uncovered_speech(chunk, parsed.segments[-1].end if parsed.segments else 0.0, options)
-        if resume is None or resume < SEEK_MIN_PROGRESS_S or chunk.duration - resume < SEEK_MIN_REST_S:
-            return None
-        return round(resume * chunk.sample_rate)
-
-    async def _uncovered_speech(self, chunk: AudioChunk, covered: float, options: TranscriptionOptions) -> float | None:
-        """Where (seconds into ``chunk``) a continuation should start, when the VAD hears at
-        least UNCOVERED_SPEECH_S of speech after ``covered``; None otherwise."""
-        if self.gate is None or not options.vad_filter:
-            return None
-        rate = chunk.sample_rate
-        offset = round((covered + SEGMENT_END_SLACK_S) * rate)
-        if chunk.samples.shape[0] - offset < UNCOVERED_SPEECH_S * rate:
-            return None
-        # The regions are unpadded: the speech itself is counted.
-        regions = await self._gate_work(self.gate.speech_regions, chunk.samples[offset:], options.vad.min_silence_s,
-                                        options.vad.threshold)
-        if sum(end - start for start, end in regions) < UNCOVERED_SPEECH_S * rate:
-            return None
-        return max(covered, (offset + regions[0][0]) / rate - SEEK_LEAD_S)
-
-    async def _decode_chunk(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
-                            splits: bool = False) -> ChunkOutcome:
-        """The chunk's kept decode: the first, or the best of the fallback's when the first
-        fails the thresholds. With ``splits``, a decode that the chunk must be cut for (_cuts)
-        is returned as it is: the caller decodes the parts."""
-        if not await self._hears_speech(chunk, options):
-            return self._no_speech_outcome(chunk)
-        language = options.language
-        if language is None and options.detection == "two-stage":
-            language = await two_stage.detect_language(self.engine, self.adapter, chunk, self.params_for(options),
-                                                       options.candidate_languages)
-        first = await self._decode(chunk, self.params_for(options, language, previous_text), options)
-        if (options.temperature > 0 or not options.fallback_temperatures
-                or not needs_fallback(first.figures, options.thresholds)
-                or (splits and self._cuts(first, options))):
-            return first
-        return await self._fallback(chunk, first, options, language or first.parsed.language, previous_text)
-
-    async def _fallback(self, chunk: AudioChunk, first: ChunkOutcome, options: TranscriptionOptions,
-                        language: str | None, previous_text: str | None) -> ChunkOutcome:
-        """Decode again at each fallback temperature and keep the best. Retries keep the first
-        decode's prefix: its language goes into the prompt, and the (fixed-language) grammar
-        still holds the text to the model's token rules. They run together, as one batch in the
-        engine (the encoder output is reused): the kept decode is the same as trying one
-        temperature after another, in a fraction of the time."""
-        base_seed = FALLBACK_SEED if options.seed is None else options.seed
-        retries = [replace(self.params_for(options, language, previous_text), temperature=temperature,
-                           seed=base_seed + i + 1, top_k=None, top_p=None, min_p=0.0, beam_size=1)
-                   for i, temperature in enumerate(options.fallback_temperatures)]
-        attempts = [first] + list(await asyncio.gather(*(self._decode(chunk, p, options) for p in retries)))
-        kept = attempts[pick_best([a.figures for a in attempts], options.thresholds)]
-        kept.language_probs = first.language_probs  # the detection is the first decode's
-        return kept
-
-    async def _decode(self, chunk: AudioChunk, params: DecodeParams, options: TranscriptionOptions) -> ChunkOutcome:
-        """One engine decode of the chunk, parsed."""
-        stream = self.engine.submit(chunk.samples, params)
-        try:
-            await stream.collect()
-        finally:
-            stream.cancel()  # no-op when finished; frees the slot if the caller was cancelled
-        return self._outcome(chunk, params, stream.result, options)
-
-    async def _hears_speech(self, chunk: AudioChunk, options: TranscriptionOptions) -> bool:
-        if self.gate is None or not options.vad_filter:
-            return True
-        return await self._gate_work(self.gate.has_speech, chunk.samples, options.vad.threshold)
-
-    @staticmethod
-    def _no_speech_outcome(chunk: AudioChunk) -> ChunkOutcome:
-        figures = DecodeFigures(temperature=0.0, avg_logprob=0.0, compression_ratio=0.0, no_speech_prob=None,
-                                parsed=True, speech_found=False)
-        return ChunkOutcome(chunk, None, SequenceResult(finish_reason="no_speech"), {}, ParsedOutput(None, ""), figures)
-
-    def _outcome(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult,
-                options: TranscriptionOptions) -> ChunkOutcome:
-        raise_if_failed(result)
-        adapter = self.adapter
-        parsed = adapter.parse_output(result.token_ids, params)
-        text_logprobs = result.logprobs[parsed.prefix_length :]
-        figures = DecodeFigures(
-            temperature=params.temperature,
-            avg_logprob=sum(text_logprobs) / max(1, len(text_logprobs)),
-            compression_ratio=compression_ratio(parsed.text or ""),
-            no_speech_prob=adapter.no_speech_probability(result.probe_probs),
-            parsed=parsed.failure is None,
-        )
-        probs = adapter.language_probabilities(result.probe_probs, options.candidate_languages)
-        words = self._words(chunk, params, result, parsed)
-        # The alignment heads' attention (heads x tokens x 1500 frames, megabytes a window) is
-        # only there for the word times: dropped now, not held for every window of a long file
-        # until the response is assembled.
-        result.cross_attention = None
-        return ChunkOutcome(chunk, params, result, probs, parsed, figures, words)
-
-    @staticmethod
-    def _kept_text(piece: ChunkOutcome, options: TranscriptionOptions) -> str:
-        """The piece's text in the result: none for silence or output that did not parse."""
-        if piece.parsed.failure is not None or is_silent(piece.figures, options.thresholds):
-            return ""
-        return piece.parsed.text or ""
-
-    def _kept_texts(self, outcome: WindowOutcome, options: TranscriptionOptions) -> list[tuple[str | None, str]]:
-        """(language, text) of each of the window's pieces that holds text in the result."""
-        return [(p.parsed.language, text) for p in outcome.pieces if (text := self._kept_text(p, options))]
-
-    def _window_text(self, outcome: WindowOutcome, options: TranscriptionOptions) -> str:
-        joined = _TextJoin(self.adapter)
-        joined.add(self._kept_texts(outcome, options))
-        return joined.text
-
     def _context_after(self, outcome: WindowOutcome, previous: str | None, options: TranscriptionOptions) -> str | None:
         """The text the next window is conditioned on (condition_on_previous_text)."""
-        text = self._window_text(outcome, options)
+        text = TextJoin(self.adapter).add(outcome.kept_texts())
         if not text:
             return previous
         hot = any(p.figures.temperature > PROMPT_RESET_TEMPERATURE for p in outcome.pieces)
@@ -609,11 +242,11 @@ class Transcriber:
     def _vote(self, outcomes: list[WindowOutcome], options: TranscriptionOptions) -> tuple[str | None, float | None]:
         """The request's language: windows that hold speech vote (all of them when none does)."""
         parsed = [o.head for o in outcomes if o.head.figures.parsed]
-        speech = [o for o in parsed if not is_silent(o.figures, options.thresholds)] or parsed
+        speech = [o for o in parsed if not o.silent] or parsed
         return vote([(o.language_probs, o.chunk.duration) for o in speech], options.language)
 
     async def _settled(self, earlier: list[WindowOutcome], outcome: WindowOutcome, options: TranscriptionOptions,
-                       audio: np.ndarray, previous_text: str | None) -> WindowOutcome:
+                       audio: np.ndarray, previous_text: str | None, priority: float) -> WindowOutcome:
         """The window with its language settled from what is known when it is final: the vote
         of this window and the windows before it, never a later one (so its text is final once
         released). A window whose detection is an outlier of that vote is decoded again in the
@@ -622,11 +255,10 @@ class Transcriber:
             return outcome
         language, _ = self._vote(earlier + [outcome], options)
         head = outcome.head
-        if is_silent(head.figures, options.thresholds) or not is_outlier(head.parsed.language, head.language_probs,
-                                                                         language):
+        if head.silent or not is_outlier(head.parsed.language, head.language_probs, language):
             return outcome
         fixed = replace(options, language=language, detection="fused")
-        again = await self._decode_window(outcome.window.rebuilt(audio), fixed, previous_text)
+        again = await WindowDecode(self.parts, fixed, previous_text, priority).run(outcome.window.rebuilt(audio))
         again.head.language_probs = head.language_probs  # what the window itself heard
         return again.released()
 
@@ -638,42 +270,10 @@ class Transcriber:
         window = audio[: int(self.adapter.config.max_clip_seconds * self.adapter.config.sample_rate)]
         if not window.size:
             return None, None
-        fused = self.params_for(replace(options, language=None, word_timestamps=False, beam_size=1, temperature=0.0))
+        fused = decode_params(self.adapter, replace(options, language=None, word_timestamps=False, beam_size=1,
+                                                    temperature=0.0))
         return await two_stage.most_probable_language(self.engine, self.adapter, window, fused,
                                                       options.candidate_languages)
-
-    def _words(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult, parsed: ParsedOutput) -> list[Word]:
-        """The decode's words, timed within the chunk by DTW over the alignment heads (none
-        unless the decode was asked for their attention, and none for output that did not
-        parse, which gives no text)."""
-        attention = result.cross_attention
-        if attention is None or parsed.failure is not None:
-            return []
-        generated, eot = result.token_ids, params.eot_id
-        text_rows = [j for j in range(parsed.prefix_length, len(generated)) if generated[j] < eot]
-        if not text_rows:
-            return []
-        rows = attention[:, text_rows]
-        if eot in generated:
-            end_row = attention[:, [generated.index(eot)]]
-        else:  # cut off by the token budget: let the last word run to the end of the window
-            end_row = np.zeros_like(rows[:, :1])
-            end_row[..., min(attention.shape[-1], round(chunk.duration * FRAMES_PER_SECOND)) - 1] = 1.0
-        pieces = [w for s in parsed.segments for w in self.adapter.split_words(s.token_ids, parsed.language)]
-        text_logprobs = [result.logprobs[j] for j in text_rows]
-        timed = word_times(pieces, text_logprobs, np.concatenate([rows, end_row], axis=1), chunk.duration)
-        return [replace(w, word=w.word.strip()) for w in timed if w.word.strip()]
-
-    def _token_logprobs(self, outcome: ChunkOutcome) -> list[TokenLogprob]:
-        """The kept decode's text tokens (not its prefix, timestamps or end) with their logprobs."""
-        result, eot = outcome.result, outcome.params.eot_id
-        spelled = []
-        for j in range(outcome.parsed.prefix_length, len(result.token_ids)):
-            token = result.token_ids[j]
-            if token < eot:
-                raw = self.adapter.token_bytes(token)
-                spelled.append(TokenLogprob(raw.decode("utf-8", errors="replace"), result.logprobs[j], list(raw)))
-        return spelled
 
     def _assemble(self, windows: list[WindowOutcome], options: TranscriptionOptions, duration: float,
                   speech: list[tuple[int, int]] | None) -> TranscriptionResult:
@@ -681,7 +281,7 @@ class Transcriber:
         segments: list[Segment] = []
         words: list[Word] = []
         logprobs: list[TokenLogprob] = []
-        joined = _TextJoin(adapter)
+        joined = TextJoin(adapter)
         failures: list[str] = []
         outcomes = [piece for window in windows for piece in window.pieces]
         for outcome in outcomes:
@@ -689,7 +289,7 @@ class Transcriber:
             if parsed.failure is not None:
                 failures.append(f"chunk at {chunk.start:.2f}s: {parsed.failure}")
                 continue
-            if is_silent(figures, options.thresholds):
+            if outcome.silent:
                 continue  # no speech: no invented text
             for s in parsed.segments:
                 # Whisper may time an end inside the window's zero padding: the audio ends earlier.
@@ -704,7 +304,7 @@ class Transcriber:
                 ))
             joined.add([(parsed.language, parsed.text)] if parsed.text else [])
             if options.token_logprobs:
-                logprobs += self._token_logprobs(outcome)
+                logprobs += token_logprobs(adapter, outcome)
             if options.word_timestamps:
                 for w in outcome.words:
                     start, end = chunk.source_span(w.start, w.end)

@@ -31,7 +31,7 @@ import torch
 from asr_service.engine.model import SharedAudio, tall_projection
 from asr_service.model_loading import load_model
 from asr_service.runtime import QUANTIZATIONS, RuntimeSettings, build_runtime
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription_types import TranscriptionOptions
 from support.clips import all_clips, load_clip
 from support.dialogue import write
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import jiwer
 
 from asr_service.runtime import RuntimeSettings, build_runtime
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription_types import TranscriptionOptions
 
 from support.clips import all_clips, load_clip, reference
 from .report import CHARACTER_SCORED  # scored by characters (CER), the rest by words

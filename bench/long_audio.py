@@ -35,7 +35,7 @@ from support.server_process import ServerProcess
 from support.transcript_score import score, subtitles
 
 # (row name, form fields): the defaults (5-beam search) in every format, then greedy decoding
-# (what a stream gets) in json and verbose_json.
+# in json and verbose_json.
 SERVICE_RUNS = [(fmt, {"response_format": fmt}) for fmt in ("json", "verbose_json", "srt", "vtt")] + [
     (f"{fmt}, greedy", {"response_format": fmt, "use_beam_search": "false"}) for fmt in ("json", "verbose_json")]
 

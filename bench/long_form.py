@@ -22,7 +22,7 @@ import jiwer
 
 from asr_service.audio import decode_audio
 from asr_service.runtime import RuntimeSettings, build_runtime
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription_types import TranscriptionOptions
 
 from .engine_clips import load_clips, score_results
 from support.textnorm import normalize

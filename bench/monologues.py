@@ -24,7 +24,7 @@ import soundfile as sf
 
 from asr_service.pcm import SAMPLE_RATE
 from asr_service.runtime import RuntimeSettings, build_runtime
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription_types import TranscriptionOptions
 from support.dialogue import build_monologue, with_noise
 from support.transcript_score import tokens
 

@@ -186,8 +186,9 @@ def test_a_word_that_opens_speech_never_starts_after_the_speech_does():
     assert snap_to_speech_onsets(far, [(5.00, 7.00)]) == far
 
 
+@pytest.mark.parametrize("first_seconds", [None, 10.0], ids=["full-first", "short-first"])
 @pytest.mark.parametrize("join_long_pauses", [True, False], ids=["joined", "apart"])
-def test_windows_handed_out_as_regions_arrive_are_the_windows_of_all_regions_at_once(join_long_pauses):
+def test_windows_handed_out_as_regions_arrive_are_the_windows_of_all_regions_at_once(join_long_pauses, first_seconds):
     """A long file's windows are planned while it is still scanned (SpeechWindowPacker): fed
     the regions found so far, a few more each time, the windows it hands out before the end
     and those it finishes with are speech_windows' for every region at once, pauses of every
@@ -199,10 +200,10 @@ def test_windows_handed_out_as_regions_arrive_are_the_windows_of_all_regions_at_
         length = rng.choice([0.6, 3.0, 9.0, 41.0], p=[0.3, 0.4, 0.25, 0.05])
         regions.append((int(t * SR), int(min(t + length, 598) * SR)))
         t += length + rng.choice([0.2, 0.9, 1.5, 2.5, 8.0])
-    want = speech_windows(audio, regions, join_long_pauses=join_long_pauses)
+    want = speech_windows(audio, regions, join_long_pauses=join_long_pauses, first_seconds=first_seconds)
     assert len(want) > 15 and any(w.joins for w in want) == join_long_pauses
     for step in (1, 2, 7):
-        packer = SpeechWindowPacker(audio, SR, 30.0, 0.4, 1.8, 1.2, join_long_pauses)
+        packer = SpeechWindowPacker(audio, SR, 30.0, 0.4, 1.8, 1.2, join_long_pauses, first_seconds)
         got = []
         for known in range(step, len(regions), step):
             got += packer.windows_final(regions[:known])
@@ -210,6 +211,24 @@ def test_windows_handed_out_as_regions_arrive_are_the_windows_of_all_regions_at_
         assert [(w.start_sample, w.samples.shape[0], w.joins) for w in got] == \
             [(w.start_sample, w.samples.shape[0], w.joins) for w in want]
         assert all(np.array_equal(g.samples, w.samples) for g, w in zip(got, want))
+
+
+def test_a_short_first_window_changes_only_the_first_window():
+    """A long file's first window holds at most first_seconds of speech (cut between regions),
+    so its text comes early; the windows after it pack as full as ever, and every region is
+    in exactly one window."""
+    audio = noise(200)
+    regions = [(int((1 + 4 * i) * SR), int((4 + 4 * i) * SR)) for i in range(45)]  # 3 s said, 1 s pause
+    usual = speech_windows(audio, regions, pad_seconds=0, long_pause_seconds=3.0)
+    short = speech_windows(audio, regions, pad_seconds=0, long_pause_seconds=3.0, first_seconds=10.0)
+    assert usual[0].samples.shape[0] > 20 * SR
+    assert 6 * SR <= short[0].samples.shape[0] <= 10 * SR
+    assert all(w.samples.shape[0] > 20 * SR for w in short[1:-1])
+    assert len(usual) <= len(short) <= len(usual) + 1
+    covered = [(w.start_sample, w.start_sample + w.samples.shape[0]) for w in short]
+    assert all(sum(a <= start and end <= b for a, b in covered) == 1 for start, end in regions)
+    [alone] = speech_windows(audio, [(SR, 25 * SR)], pad_seconds=0, first_seconds=10.0)  # one region, longer
+    assert alone.samples.shape[0] == 24 * SR
 
 
 def test_a_released_window_keeps_its_map_and_is_rebuilt_from_the_audio():

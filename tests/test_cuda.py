@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from asr_service.runtime import RuntimeSettings, build_runtime
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription_types import TranscriptionOptions
 from support.clips import load_clip, reference
 from support.textnorm import normalize
 

@@ -14,7 +14,7 @@ import pytest
 from asr_service.diarization.attribution import attribute
 from asr_service.diarization.diarizer import Diarizer, SpeakerTurn
 from asr_service.diarization.voice_encoder import VoiceEncoder
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription_types import TranscriptionOptions
 from support.dialogue import synthesize
 from support.speakers import VOICES, Turn, with_noise
 

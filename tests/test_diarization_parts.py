@@ -16,7 +16,7 @@ from asr_service.diarization.diarizer import SpeakerTurn, letter_names
 from asr_service.diarization.pipeline import reference_clips
 from asr_service.formats import to_diarized_json, to_rttm, to_srt, to_verbose_json, to_vtt
 from asr_service.request_options import DiarizationOptions, OptionError, build_diarization
-from asr_service.transcription import Segment, TranscriptionResult
+from asr_service.transcription_types import Segment, TranscriptionResult
 from asr_service.server.admission import Admission, AdmissionLimits, Overloaded
 from asr_service.word_timing import Word
 from support.clips import clip_path

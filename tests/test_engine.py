@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 
 from asr_service.engine.params import DecodeFailed, raise_if_failed
 from asr_service.engine.stream import SequenceStream
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription_types import TranscriptionOptions
 from support.clips import load_clip
 
 pytestmark = pytest.mark.model
@@ -104,6 +105,31 @@ async def test_windows_past_the_cap_wait_and_decode_the_same(runtime):
         assert capped.audio_window_capacity == 2
     finally:
         capped.shutdown()
+
+
+async def test_waiting_sequences_are_admitted_oldest_work_first(runtime):
+    """The priority a sequence is submitted with (when its work arrived) orders the queue: a
+    window's continuation submitted late goes ahead of a window planned after it. One slot,
+    so the finishing order is the admission order."""
+    from asr_service.engine.batch_engine import BatchEngine
+
+    single = BatchEngine(runtime.loaded.model, max_batch_size=1, threads=2, encoder_dtype=runtime.engine.encoder_dtype)
+    try:
+        params = runtime.adapter.build_fused_autodetect_params()
+        ended = []
+
+        async def decode(name, clip, priority=None):
+            await single.submit(load_clip("en", clip), params, priority).collect()
+            ended.append(name)
+
+        first = asyncio.ensure_future(decode("busy", "counting"))
+        await asyncio.sleep(0.2)  # admitted: the one slot is taken
+        now = time.monotonic()
+        await asyncio.gather(first, decode("later window", "hello_world", now),
+                             decode("no priority", "hello_world"), decode("older window", "hello_world", now - 60))
+        assert ended == ["busy", "older window", "later window", "no priority"]
+    finally:
+        single.shutdown()
 
 
 async def test_the_engine_keeps_its_thread_count_whatever_other_threads_set(runtime):
@@ -222,7 +248,7 @@ def test_reduced_precision_engine_still_transcribes(quantize):
     """--quantize int8 (quantized linear layers) and bf16 (bfloat16 matrix products in the encoder
     and the decoder, the audio's K/V cached in bfloat16): same pipeline, word times included."""
     from asr_service.runtime import RuntimeSettings, build_runtime
-    from asr_service.transcription import TranscriptionOptions
+    from asr_service.transcription_types import TranscriptionOptions
 
     rt = build_runtime(RuntimeSettings(device="cpu", threads=2, max_batch_size=4, quantize=quantize))
     try:
@@ -282,7 +308,7 @@ async def test_a_row_left_with_nan_by_its_last_sequence_does_not_poison_the_next
     """A step reads keys past a row's length, masked (softmax weight 0); 0 x NaN is NaN, so the
     engine zeroes a row's caches when a sequence takes it. Seen before: after the fuzz suite a
     server answered clear speech with ""."""
-    from asr_service.transcription import TranscriptionOptions
+    from asr_service.transcription_types import TranscriptionOptions
 
     audio = load_clip("en", "hello_world")
     assert (await runtime.transcriber.transcribe(audio, TranscriptionOptions())).text == "Hello world."

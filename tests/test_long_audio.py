@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription_types import TranscriptionOptions
+from asr_service.window_decode import WindowDecode
 from support.dialogue import VOICE_DIRS, Utterance, read_truth, write
 from support.transcript_score import score, subtitles, tokens
 
@@ -237,18 +238,18 @@ async def test_a_long_file_decodes_while_it_is_still_scanned_a_few_windows_at_a_
 
     monkeypatch.setattr(engine, "max_request_windows", 2)
     decoding, most = 0, 0
-    decode_window = runtime.transcriber._decode_window
+    decode_window = WindowDecode.run
 
-    async def counted(*args):
+    async def counted(self, *args):
         nonlocal decoding, most
         decoding += 1
         most = max(most, decoding)
         try:
-            return await decode_window(*args)
+            return await decode_window(self, *args)
         finally:
             decoding -= 1
 
-    monkeypatch.setattr(runtime.transcriber, "_decode_window", counted)
+    monkeypatch.setattr(WindowDecode, "run", counted)
     events.clear()
     result = await runtime.transcriber.transcribe(audio, options)
     scanned_before_decoding = events[: events.index("submit")].count("scan")

@@ -12,7 +12,9 @@ import pytest
 
 from asr_service.chunking import AudioChunk
 from asr_service.fallback import QualityThresholds
-from asr_service.transcription import Finished, Transcriber, TranscriptionOptions
+from asr_service.transcription import Transcriber
+from asr_service.transcription_types import Finished, TranscriptionOptions
+from asr_service.window_decode import WindowDecode, decode_params
 
 from support.clips import load_clip, reference
 from support.textnorm import normalize
@@ -118,8 +120,8 @@ class _Recording:
         self.max_request_windows = engine.max_request_windows
         self.decodes = []
 
-    def submit(self, audio, params):
-        stream = self.engine.submit(audio, params)
+    def submit(self, audio, params, priority=None):
+        stream = self.engine.submit(audio, params, priority)
         self.decodes.append((params, stream))
         return stream
 
@@ -243,9 +245,9 @@ def prompts(runtime, monkeypatch) -> list[tuple[int, ...]]:
     seen = []
     submit = runtime.engine.submit
 
-    def recording_submit(samples, params):
+    def recording_submit(samples, params, priority=None):
         seen.append(params.prompt_ids)
-        return submit(samples, params)
+        return submit(samples, params, priority)
 
     monkeypatch.setattr(runtime.engine, "submit", recording_submit)
     return seen
@@ -342,13 +344,13 @@ async def test_each_window_drops_its_alignment_attention_once_its_words_are_time
     window's decode ends, not held for every window of a long file until the response is
     assembled."""
     outcomes = []
-    build = runtime.transcriber._outcome
+    build = WindowDecode._outcome
 
-    def kept(*args):
-        outcomes.append(build(*args))
+    def kept(self, *args):
+        outcomes.append(build(self, *args))
         return outcomes[-1]
 
-    monkeypatch.setattr(runtime.transcriber, "_outcome", kept)
+    monkeypatch.setattr(WindowDecode, "_outcome", kept)
     en = [("en", "counting"), ("en", "quick_brown_fox")]
     audio = np.concatenate([_window(*en), _window(*en[::-1])])
     options = TranscriptionOptions(word_timestamps=True, timestamps=True, vad_filter=False)  # two fixed windows
@@ -366,9 +368,9 @@ async def test_a_decoded_window_keeps_its_time_map_and_not_its_samples(runtime, 
     samples_alive = []
     submit = runtime.transcriber.engine.submit
 
-    def watched(audio, params):
+    def watched(audio, params, priority=None):
         samples_alive.append(weakref.ref(audio if audio.base is None else audio.base))
-        return submit(audio, params)
+        return submit(audio, params, priority)
 
     monkeypatch.setattr(runtime.transcriber.engine, "submit", watched)
     pause = np.zeros(int(2.5 * SR), np.float32)
@@ -418,8 +420,9 @@ async def greedy_and_beam(runtime):
     out = {}
     for beams in (1, 5):
         options = TranscriptionOptions(beam_size=beams, fallback_temperatures=())
-        params = t.params_for(options)
-        out[beams] = await asyncio.gather(*(t._decode(AudioChunk(0, load_clip(*c), 16000), params, options) for c in clips))
+        params = decode_params(t.adapter, options)
+        decode = WindowDecode(t.parts, options, None, priority=0.0)
+        out[beams] = await asyncio.gather(*(decode._decode(AudioChunk(0, load_clip(*c), 16000), params) for c in clips))
     return clips, out[1], out[5]
 
 

@@ -11,7 +11,7 @@ import xgrammar as xgr
 from asr_service.engine.features import log_mel_spectrogram
 from asr_service.request_options import OptionError, build_options
 from asr_service.runtime import RuntimeSettings, build_runtime
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription_types import TranscriptionOptions
 
 from warmup import variant_params
 

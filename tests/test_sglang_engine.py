@@ -27,7 +27,9 @@ import soundfile as sf
 from asr_service.engine.params import EngineUnavailable, UnsupportedDecode
 from asr_service.engine.sglang import Carrier, SGLangEngine
 from asr_service.runtime import sglang_canaries
-from asr_service.transcription import Transcriber, TranscriptionOptions
+from asr_service.transcription import Transcriber
+from asr_service.transcription_types import TranscriptionOptions
+from asr_service.window_decode import decode_params
 from support.clips import clip_path, load_clip
 from tests.sglang_standin import REPLY_FAULTS, Faults, SGLangStandIn
 from tests.test_server_api import assert_openai_error, sse_events, wav_bytes
@@ -181,7 +183,7 @@ async def test_a_prompt_goes_to_a_server_with_the_plugin_only(runtime, standins)
 async def test_incremental_and_cumulative_events_give_the_same_tokens(runtime, standins):
     a, b = standins
     audio = load_clip("en", "counting")
-    params = runtime.transcriber.params_for(TranscriptionOptions())
+    params = decode_params(runtime.adapter, TranscriptionOptions())
     results = []
     for standin in (a, b):
         engine = engine_for(runtime, standin.url)
@@ -198,7 +200,7 @@ async def test_cancel_posts_abort_request_and_frees_the_decode(runtime, standins
     a, _ = standins
     engine = engine_for(runtime, a.url)
     audio = np.concatenate([load_clip("en", "quick_brown_fox"), load_clip("en", "counting")] * 2)
-    stream = engine.submit(audio, runtime.transcriber.params_for(TranscriptionOptions()))
+    stream = engine.submit(audio, decode_params(runtime.adapter, TranscriptionOptions()))
     got = 0
     async for _ in stream:
         got += 1
@@ -371,7 +373,7 @@ async def test_a_router_that_drops_the_constraint_gets_no_traffic(runtime, sglan
 async def test_a_request_the_server_refuses_is_an_error_not_a_dead_server(runtime, standins):
     a, _ = standins
     engine = engine_for(runtime, a.url)
-    params = runtime.transcriber.params_for(TranscriptionOptions(temperature=0.5))
+    params = decode_params(runtime.adapter, TranscriptionOptions(temperature=0.5))
     stream = engine.submit(load_clip("en", "hello_world"), replace(params, top_k=-5))  # SamplingParams.verify refuses
     await stream.collect()
     assert stream.result.finish_reason == "error" and "top_k" in stream.result.error
@@ -567,7 +569,7 @@ def test_fused_timestamps_constraint_opens_with_an_early_timestamp(runtime):
     from asr_service.engine.sglang.wire import constraint
 
     tok = runtime.adapter.tok
-    params = runtime.transcriber.params_for(TranscriptionOptions(timestamps=True))
+    params = decode_params(runtime.adapter, TranscriptionOptions(timestamps=True))
     elements = json.loads(constraint(params, Carrier.DETECT_KEY))["format"]["elements"]
     languages, task, first_timestamp, text = elements
     assert len(languages["elements"]) == len(tok.language_ids) and task == {"type": "token", "token": tok.transcribe}

@@ -18,7 +18,7 @@ import pytest
 from asr_service.formats import to_verbose_json
 from asr_service.server.sse import chunk_events, openai_events
 from asr_service.streaming import render_stream
-from asr_service.transcription import ChunkDone, Finished, TranscriptionResult
+from asr_service.transcription_types import ChunkDone, Finished, TranscriptionResult
 
 pytestmark = pytest.mark.unit
 

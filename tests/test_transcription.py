@@ -6,7 +6,7 @@ import jiwer
 import numpy as np
 import pytest
 
-from asr_service.transcription import TranscriptionOptions
+from asr_service.transcription_types import TranscriptionOptions
 
 from support.clips import all_clips, load_clip, reference
 from support.textnorm import normalize

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..transcription import Segment, TranscriptionResult
+from ..transcription_types import Segment, TranscriptionResult
 from ..word_timing import Word
 from .diarizer import SpeakerTurn
 

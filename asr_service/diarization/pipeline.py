@@ -15,7 +15,8 @@ from ..chunking import AudioChunk
 from ..pcm import SAMPLE_RATE
 from ..request_options import DiarizationOptions, OptionError
 from ..streaming import StreamDone, StreamItem, StreamSegment
-from ..transcription import TranscriptionOptions, TranscriptionResult, Transcriber
+from ..transcription import Transcriber
+from ..transcription_types import TranscriptionOptions, TranscriptionResult
 from .attribution import attribute
 from .diarizer import Diarizer
 from .voice_encoder import VoiceEncoder

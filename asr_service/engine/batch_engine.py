@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
+import itertools
 import logging
 import threading
+import time
 
 import numpy as np
 import torch
@@ -71,7 +74,9 @@ class BatchEngine:
         self.threads = threads or torch.get_num_threads()
         torch.set_num_threads(self.threads)
         self._running_threads: int | None = None  # the engine thread's count, read at each admission
-        self._pending: collections.deque[DecodingSequence] = collections.deque()
+        # Waiting sequences, a heap by (priority, submission): the oldest work is admitted first.
+        self._pending: list[tuple[float, int, DecodingSequence]] = []
+        self._submissions = itertools.count()
         self._active: list[DecodingSequence] = []  # row i of the caches is _active[i]
         self._audio_readers: list[int] = []  # audio slot i of the caches is read by this many rows
         self._wake = threading.Condition()
@@ -98,14 +103,16 @@ class BatchEngine:
             return UnsupportedDecode(f"{params.beam_size} beams exceed the engine's {self.max_batch_size} slots", "n")
         return None
 
-    def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
+    def submit(self, audio: np.ndarray, params: DecodeParams, priority: float | None = None) -> SequenceStream:
         problem = self.refusal(params)
         if problem is not None:
             raise problem
         stream = SequenceStream(asyncio.get_running_loop())
         self.submitted_total += 1
         with self._wake:
-            self._pending.append(DecodingSequence(params, audio, stream))
+            entry = (time.monotonic() if priority is None else priority, next(self._submissions),
+                     DecodingSequence(params, audio, stream))
+            heapq.heappush(self._pending, entry)
             self._wake.notify()
         return stream
 
@@ -150,7 +157,7 @@ class BatchEngine:
             except Exception as e:
                 log.exception("engine loop failed; restarting it")
                 self._fail_active(e)
-        for seq in list(self._pending) + self._active:
+        for seq in [seq for _, _, seq in self._pending] + self._active:
             self._finish(seq, "cancelled")
 
     def _serve(self) -> None:
@@ -190,8 +197,8 @@ class BatchEngine:
             windows = 0
             while (self._pending and windows < self.max_encode_batch
                    and len(self._audio_readers) + windows < self.max_audio_windows
-                   and len(self._active) + len(admitted) + self._pending[0].slots_needed <= self.max_batch_size):
-                seq = self._pending.popleft()
+                   and len(self._active) + len(admitted) + self._pending[0][2].slots_needed <= self.max_batch_size):
+                seq = heapq.heappop(self._pending)[2]
                 if seq.stream.cancelled.is_set():
                     self._finish(seq, "cancelled")
                 else:

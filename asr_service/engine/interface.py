@@ -51,9 +51,12 @@ class Engine(Protocol):
     # nor queues all of them ahead of the requests that come after it.
     max_request_windows: int
 
-    def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
+    def submit(self, audio: np.ndarray, params: DecodeParams, priority: float | None = None) -> SequenceStream:
         """Start decoding one sequence over one audio window (call from the event loop).
-        Raises UnsupportedDecode for what ``refusal`` refuses."""
+        Raises UnsupportedDecode for what ``refusal`` refuses. ``priority``: when the work it
+        belongs to arrived (time.monotonic(); None: now). Waiting sequences are admitted oldest
+        first, so a window's continuations and retries go ahead of the windows planned after
+        it, its request's and others' alike."""
 
     def refusal(self, params: DecodeParams) -> UnsupportedDecode | None:
         """Why this engine cannot decode ``params`` (None: it can). Cheap: checked before any

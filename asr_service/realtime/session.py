@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..chunking import split_audio
-from ..transcription import Transcriber, TranscriptionOptions
+from ..transcription import Transcriber
+from ..transcription_types import TranscriptionOptions
 from .input_audio import InputFormat
 from .stable_text import agreed, continuation, extension
 from ..pcm import SAMPLE_RATE

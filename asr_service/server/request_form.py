@@ -18,7 +18,7 @@ from adapters.base import TranscriptionAdapter
 
 from ..formats import RESPONSE_FORMATS
 from ..request_options import OPTIONS, DiarizationOptions, Option, OptionError, build_diarization, build_options
-from ..transcription import TranscriptionOptions
+from ..transcription_types import TranscriptionOptions
 from .errors import OpenAIError
 
 STREAM_FORMATS = ("openai", "chunk")

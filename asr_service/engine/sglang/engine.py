@@ -103,7 +103,9 @@ class SGLangEngine:
     def _carriers_for(self, params: DecodeParams) -> frozenset[Carrier]:
         return frozenset(c for c in Carrier if wire.carries(c, params, self.decoder_start_id))
 
-    def submit(self, audio: np.ndarray, params: DecodeParams) -> SequenceStream:
+    def submit(self, audio: np.ndarray, params: DecodeParams, priority: float | None = None) -> SequenceStream:
+        # ``priority`` is not sent: each SGLang server schedules its own queue, and a request's
+        # windows reach it in order.
         problem = self.refusal(params)
         if problem is not None:
             raise problem

@@ -1,0 +1,374 @@
+"""One window's decode: prompt, fallback, seek, cuts, outcome, words.
+
+A WindowDecode is made for one window of a request (transcription.Transcriber plans the
+windows and assembles the result). Its ``run`` gives the window's final WindowOutcome:
+- the decode of the window under the request's prompt (decode_params);
+- judged by the fallback policy, and decoded again hotter when it fails the thresholds;
+- continued where its text stopped before the speech in it ended (the seek);
+- cut and decoded again in parts where it could not be kept whole across the long pauses the
+  window leaves out (cuts).
+Every engine decode of the window carries the window's ``priority`` (engine.interface): its
+continuations and retries are admitted ahead of later windows, so a request's windows end
+in order and a stream's first text comes early.
+
+Whether a piece is silent, and so what text it keeps, is decided once, when its decode is
+parsed (ChunkOutcome.silent / kept_text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from adapters.base import ParsedOutput, TranscriptionAdapter
+
+from . import two_stage
+from .chunking import AudioChunk
+from .engine.interface import Engine
+from .engine.params import DecodeParams, SequenceResult, raise_if_failed
+from .fallback import DecodeFigures, compression_ratio, is_silent, needs_fallback, pick_best
+from .speech_gate import SpeechGate
+from .transcription_types import TokenLogprob, TranscriptionOptions
+from .word_timing import FRAMES_PER_SECOND, Word, word_times
+
+# Fallback retries sample with this seed (plus their index) when the request gives none: the
+# same request gets the same answer.
+FALLBACK_SEED = 0
+
+# The seek: a window whose decode stopped before its speech ended is decoded again from there.
+MAX_CONTINUATIONS = 3  # per window; each must make progress, so a loop cannot run on
+SEEK_MIN_PROGRESS_S = 1.0  # a continuation starts at least this far into the audio before it
+SEEK_MIN_REST_S = 0.5  # and has at least this much audio to decode
+SEGMENT_END_SLACK_S = 0.5  # Whisper often times a segment's end a little before the speech ends
+UNCOVERED_SPEECH_S = 0.4  # this much speech heard after the last segment: the decode missed some
+SEEK_LEAD_S = 0.4  # a continuation starts this far before the speech it is for
+
+
+@dataclass
+class ChunkOutcome:
+    """One chunk's kept decode, parsed, with the figures the fallback policy judged it by and
+    whether it holds no speech (``silent``: then it keeps no text)."""
+
+    chunk: AudioChunk
+    params: DecodeParams | None  # None: the speech gate heard no speech, nothing was decoded
+    result: SequenceResult
+    language_probs: dict[str, float]
+    parsed: ParsedOutput
+    figures: DecodeFigures
+    silent: bool
+    words: list[Word] = field(default_factory=list)  # with word_timestamps: timed within the chunk
+
+    @property
+    def kept_text(self) -> str:
+        """The piece's text in the result: none for silence or output that did not parse."""
+        if self.parsed.failure is not None or self.silent:
+            return ""
+        return self.parsed.text or ""
+
+
+@dataclass
+class WindowOutcome:
+    """A window's decode, then its continuations (seek) when the decode stopped before the
+    speech in the window ended: pieces in time order, each over the audio from its start on."""
+
+    window: AudioChunk
+    pieces: list[ChunkOutcome]
+
+    @property
+    def head(self) -> ChunkOutcome:
+        """The decode of the whole window: its language detection is the window's."""
+        return self.pieces[0]
+
+    def kept_texts(self) -> list[tuple[str | None, str]]:
+        """(language, text) of each piece that holds text in the result."""
+        return [(p.parsed.language, p.kept_text) for p in self.pieces if p.kept_text]
+
+    def released(self) -> WindowOutcome:
+        """The decoded window as kept until the response is assembled: the maps of the window
+        and its pieces, without their samples (AudioChunk.released)."""
+        return WindowOutcome(self.window.released(), [replace(p, chunk=p.chunk.released()) for p in self.pieces])
+
+
+class TextJoin:
+    """Text built piece by piece in time order, the one way the response and the stream both
+    give it: a piece's text follows the one before it with its language's joiner (none in
+    languages written without spaces), or a space when the two languages differ."""
+
+    def __init__(self, adapter: TranscriptionAdapter):
+        self.adapter = adapter
+        self.text = ""
+        self._language: str | None = None
+
+    def add(self, pieces: list[tuple[str | None, str]]) -> str:
+        """Append the (language, text) pieces; returns what they added."""
+        added = ""
+        for language, text in pieces:
+            if self.text or added:
+                added += self.adapter.joiner(language if language == self._language else None)
+            added += text
+            self._language = language
+        self.text += added
+        return added
+
+
+def decode_params(adapter: TranscriptionAdapter, options: TranscriptionOptions, language: str | None = None,
+                  previous_text: str | None = None) -> DecodeParams:
+    """The engine's parameters for a decode under ``options``: the adapter's prompt (fused
+    detection when no language is known) with the request's sampling, budget and beams."""
+    language = language or options.language
+    context = " ".join(t.strip() for t in (options.hotwords, previous_text or options.previous_text) if t and t.strip())
+    if language is not None:
+        params = adapter.build_prompt(language, options.task, options.timestamps, context or None)
+    else:
+        params = adapter.build_fused_autodetect_params(options.task, options.timestamps, options.candidate_languages,
+                                                       context or None)
+    changes = {"temperature": options.temperature, "seed": options.seed, "top_k": options.top_k, "top_p": options.top_p,
+               "min_p": options.min_p, "repetition_penalty": options.repetition_penalty,
+               "frequency_penalty": options.frequency_penalty, "presence_penalty": options.presence_penalty}
+    if options.max_new_tokens is not None:
+        # The budget is for text: the prefix a fused decode generates first, and a timed
+        # decode's opening timestamp, are not counted.
+        budget = options.max_new_tokens + adapter.tokens_before_text(params)
+        changes["max_new_tokens"] = min(params.max_new_tokens, budget)
+    if options.word_timestamps:
+        changes["alignment_heads"] = adapter.alignment_heads
+    if options.beam_size > 1 and options.temperature == 0:
+        changes.update(beam_size=options.beam_size, length_penalty=options.length_penalty)
+    return replace(params, **changes)
+
+
+def token_logprobs(adapter: TranscriptionAdapter, outcome: ChunkOutcome) -> list[TokenLogprob]:
+    """The kept decode's text tokens (not its prefix, timestamps or end) with their logprobs."""
+    result, eot = outcome.result, outcome.params.eot_id
+    spelled = []
+    for j in range(outcome.parsed.prefix_length, len(result.token_ids)):
+        token = result.token_ids[j]
+        if token < eot:
+            raw = adapter.token_bytes(token)
+            spelled.append(TokenLogprob(raw.decode("utf-8", errors="replace"), result.logprobs[j], list(raw)))
+    return spelled
+
+
+@dataclass(frozen=True)
+class DecodeParts:
+    """What every window's decode runs on: the engine, the model's adapter, the speech gate."""
+
+    engine: Engine
+    adapter: TranscriptionAdapter
+    gate: SpeechGate | None
+
+    async def gate_work(self, scan, *args):
+        """A speech gate scan (CPU work), off the event loop on the gate's own thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.gate.worker, scan, *args)
+
+
+class WindowDecode:
+    """The decode of one window under ``options``, conditioned on ``previous_text`` (the text
+    before the window, when the request conditions on it); ``priority``: see the module."""
+
+    def __init__(self, parts: DecodeParts, options: TranscriptionOptions, previous_text: str | None, priority: float):
+        self.parts = parts
+        self.engine, self.adapter, self.gate = parts.engine, parts.adapter, parts.gate
+        self.options = options
+        self.previous_text = previous_text
+        self.priority = priority
+
+    async def run(self, window: AudioChunk) -> WindowOutcome:
+        """The window's final outcome: decoded, continued (seek) while a piece stopped before
+        the speech in it ended (the rest decoded again from where the text stopped, in the
+        window's language, after the piece before it), or cut and decoded in parts."""
+        options = self.options
+        head = await self._piece(window, options, self.previous_text, splits=True)
+        cuts = self._cuts(head)
+        if cuts:
+            return await self._parts(window, cuts, head)
+        outcome = WindowOutcome(window, [head])
+        while len(outcome.pieces) <= MAX_CONTINUATIONS:
+            last = outcome.pieces[-1].chunk
+            resume = await self._resume_point(outcome.pieces[-1])
+            if resume is None:
+                break
+            rest = last.tail(resume)
+            language = options.language or outcome.head.parsed.language
+            shown = TextJoin(self.adapter)
+            shown.add(outcome.kept_texts())
+            # The window's text so far conditions the continuation (as the sequential algorithm
+            # conditions each window on the last): a short rest of audio decoded without it is
+            # often misheard.
+            context = " ".join(t for t in (self.previous_text or options.previous_text, shown.text) if t) or None
+            if context and self.engine.refusal(decode_params(self.adapter, options, language, context)) is not None:
+                context = None  # an engine that carries no prompt (SGLang without the plugin): the rest alone
+            outcome.pieces.append(await self._piece(rest, replace(options, language=language), context))
+        return outcome
+
+    # ---- cuts: a window that joins stretches of speech, decoded again in parts ----
+    def _cuts(self, piece: ChunkOutcome) -> list[int]:
+        """Where (joins, as offsets into the window) a window that joins stretches of the audio
+        is cut and decoded again as parts, when its first decode cannot be kept whole:
+        - all of them when its text compresses like a repetition loop: several stretches of
+          speech may well say the same thing (a phrase said again after a pause, a drill, a
+          chorus), which no temperature fallback can tell from a loop, and the sampled retries
+          drop repeats;
+        - else those a segment runs across, from the speech before a left-out pause to the
+          speech after it: Whisper writes a sentence said again after a short pause as one
+          sentence as often as not (copies of one recording above all), and a segment over a
+          join is how that shows; speech of one turn on both sides of a long pause is rare.
+        Each part then decodes on its own (and is cut again if it must be); a stretch that
+        still repeats itself goes to the temperature fallback."""
+        chunk, parsed, ratio = piece.chunk, piece.parsed, self.options.thresholds.compression_ratio
+        if (not chunk.joins or piece.params is None or piece.figures.temperature != 0 or parsed.failure is not None
+                or piece.silent):
+            return []
+        joins = chunk.join_offsets
+        if ratio is not None and piece.figures.compression_ratio > ratio:
+            return joins
+        rate, margin = chunk.sample_rate, chunk.join_margin
+        return [j for j in joins if any(s.end is not None and s.start * rate < j - margin and j + margin < s.end * rate
+                                        for s in parsed.segments)]
+
+    async def _parts(self, window: AudioChunk, cuts: list[int], first: ChunkOutcome) -> WindowOutcome:
+        """The window decoded as the parts ``cuts`` make, each a window of its own (with its
+        seek, its cuts and its fallback), their pieces in time order. The window's language
+        detection stays its whole decode's."""
+        parts = await asyncio.gather(*(WindowDecode(self.parts, self.options, self.previous_text, self.priority)
+                                       .run(part) for part in window.split(cuts)))
+        pieces = [piece for part in parts for piece in part.pieces]
+        pieces[0].language_probs = first.language_probs
+        return WindowOutcome(window, pieces)
+
+    # ---- the seek ----
+    async def _resume_point(self, piece: ChunkOutcome) -> int | None:
+        """Where speech in the piece's audio goes on past its text (samples into the piece),
+        or None. Two signs: the decode ended on an opening timestamp (the
+        model's own sign), or the VAD hears speech after the last segment's end. Both need
+        timestamps: without them nothing says where the text stopped."""
+        parsed, chunk = piece.parsed, piece.chunk
+        if not self.options.timestamps or piece.params is None or parsed.failure is not None or piece.silent:
+            return None
+        if parsed.segments and parsed.segments[-1].end is None:
+            return None  # the text runs to the end of the audio (cut by the token budget)
+        if parsed.continues_at is not None:
+            resume = parsed.continues_at
+        else:
+            resume = await self._uncovered_speech(chunk, parsed.segments[-1].end if parsed.segments else 0.0)
+        if resume is None or resume < SEEK_MIN_PROGRESS_S or chunk.duration - resume < SEEK_MIN_REST_S:
+            return None
+        return round(resume * chunk.sample_rate)
+
+    async def _uncovered_speech(self, chunk: AudioChunk, covered: float) -> float | None:
+        """Where (seconds into ``chunk``) a continuation should start, when the VAD hears at
+        least UNCOVERED_SPEECH_S of speech after ``covered``; None otherwise."""
+        options = self.options
+        if self.gate is None or not options.vad_filter:
+            return None
+        rate = chunk.sample_rate
+        offset = round((covered + SEGMENT_END_SLACK_S) * rate)
+        if chunk.samples.shape[0] - offset < UNCOVERED_SPEECH_S * rate:
+            return None
+        # The regions are unpadded: the speech itself is counted.
+        regions = await self.parts.gate_work(self.gate.speech_regions, chunk.samples[offset:], options.vad.min_silence_s,
+                                             options.vad.threshold)
+        if sum(end - start for start, end in regions) < UNCOVERED_SPEECH_S * rate:
+            return None
+        return max(covered, (offset + regions[0][0]) / rate - SEEK_LEAD_S)
+
+    # ---- one piece: a decode judged by the fallback policy ----
+    async def _piece(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
+                     splits: bool = False) -> ChunkOutcome:
+        """The chunk's kept decode: the first, or the best of the fallback's when the first
+        fails the thresholds. With ``splits``, a decode that the chunk must be cut for (_cuts)
+        is returned as it is: the caller decodes the parts."""
+        if not await self._hears_speech(chunk):
+            return self._no_speech_outcome(chunk)
+        language = options.language
+        if language is None and options.detection == "two-stage":
+            language = await two_stage.detect_language(self.engine, self.adapter, chunk,
+                                                       decode_params(self.adapter, options),
+                                                       options.candidate_languages)
+        first = await self._decode(chunk, decode_params(self.adapter, options, language, previous_text))
+        if (options.temperature > 0 or not options.fallback_temperatures
+                or not needs_fallback(first.figures, options.thresholds)
+                or (splits and self._cuts(first))):
+            return first
+        return await self._fallback(chunk, first, options, language or first.parsed.language, previous_text)
+
+    async def _fallback(self, chunk: AudioChunk, first: ChunkOutcome, options: TranscriptionOptions,
+                        language: str | None, previous_text: str | None) -> ChunkOutcome:
+        """Decode again at each fallback temperature and keep the best. Retries keep the first
+        decode's prefix: its language goes into the prompt, and the (fixed-language) grammar
+        still holds the text to the model's token rules. They run together, as one batch in the
+        engine (the encoder output is reused): the kept decode is the same as trying one
+        temperature after another, in a fraction of the time."""
+        base_seed = FALLBACK_SEED if options.seed is None else options.seed
+        retries = [replace(decode_params(self.adapter, options, language, previous_text), temperature=temperature,
+                           seed=base_seed + i + 1, top_k=None, top_p=None, min_p=0.0, beam_size=1)
+                   for i, temperature in enumerate(options.fallback_temperatures)]
+        attempts = [first] + list(await asyncio.gather(*(self._decode(chunk, p) for p in retries)))
+        kept = attempts[pick_best([a.figures for a in attempts], options.thresholds)]
+        kept.language_probs = first.language_probs  # the detection is the first decode's
+        return kept
+
+    async def _decode(self, chunk: AudioChunk, params: DecodeParams) -> ChunkOutcome:
+        """One engine decode of the chunk, parsed."""
+        stream = self.engine.submit(chunk.samples, params, self.priority)
+        try:
+            await stream.collect()
+        finally:
+            stream.cancel()  # no-op when finished; frees the slot if the caller was cancelled
+        return self._outcome(chunk, params, stream.result)
+
+    async def _hears_speech(self, chunk: AudioChunk) -> bool:
+        if self.gate is None or not self.options.vad_filter:
+            return True
+        return await self.parts.gate_work(self.gate.has_speech, chunk.samples, self.options.vad.threshold)
+
+    @staticmethod
+    def _no_speech_outcome(chunk: AudioChunk) -> ChunkOutcome:
+        figures = DecodeFigures(temperature=0.0, avg_logprob=0.0, compression_ratio=0.0, no_speech_prob=None,
+                                parsed=True, speech_found=False)
+        return ChunkOutcome(chunk, None, SequenceResult(finish_reason="no_speech"), {}, ParsedOutput(None, ""), figures,
+                            silent=True)
+
+    def _outcome(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult) -> ChunkOutcome:
+        raise_if_failed(result)
+        adapter, options = self.adapter, self.options
+        parsed = adapter.parse_output(result.token_ids, params)
+        text_logprobs = result.logprobs[parsed.prefix_length :]
+        figures = DecodeFigures(
+            temperature=params.temperature,
+            avg_logprob=sum(text_logprobs) / max(1, len(text_logprobs)),
+            compression_ratio=compression_ratio(parsed.text or ""),
+            no_speech_prob=adapter.no_speech_probability(result.probe_probs),
+            parsed=parsed.failure is None,
+        )
+        probs = adapter.language_probabilities(result.probe_probs, options.candidate_languages)
+        words = self._words(chunk, params, result, parsed)
+        # The alignment heads' attention (heads x tokens x 1500 frames, megabytes a window) is
+        # only there for the word times: dropped now, not held for every window of a long file
+        # until the response is assembled.
+        result.cross_attention = None
+        return ChunkOutcome(chunk, params, result, probs, parsed, figures, is_silent(figures, options.thresholds), words)
+
+    def _words(self, chunk: AudioChunk, params: DecodeParams, result: SequenceResult, parsed: ParsedOutput) -> list[Word]:
+        """The decode's words, timed within the chunk by DTW over the alignment heads (none
+        unless the decode was asked for their attention, and none for output that did not
+        parse, which gives no text)."""
+        attention = result.cross_attention
+        if attention is None or parsed.failure is not None:
+            return []
+        generated, eot = result.token_ids, params.eot_id
+        text_rows = [j for j in range(parsed.prefix_length, len(generated)) if generated[j] < eot]
+        if not text_rows:
+            return []
+        rows = attention[:, text_rows]
+        if eot in generated:
+            end_row = attention[:, [generated.index(eot)]]
+        else:  # cut off by the token budget: let the last word run to the end of the window
+            end_row = np.zeros_like(rows[:, :1])
+            end_row[..., min(attention.shape[-1], round(chunk.duration * FRAMES_PER_SECOND)) - 1] = 1.0
+        pieces = [w for s in parsed.segments for w in self.adapter.split_words(s.token_ids, parsed.language)]
+        text_logprobs = [result.logprobs[j] for j in text_rows]
+        timed = word_times(pieces, text_logprobs, np.concatenate([rows, end_row], axis=1), chunk.duration)
+        return [replace(w, word=w.word.strip()) for w in timed if w.word.strip()]
