@@ -86,8 +86,8 @@ def pair_rounds(url: str, audio: bytes, fields: dict, rounds: int) -> dict:
                          "stream_over_full": round(total / full_s, 3), "identical": same_bytes(deltas, done, full),
                          "deltas": len(deltas)})
     return {"rounds": measured,
-            "first_delta_fraction": statistics.median(r["first_delta_fraction"] for r in measured),
-            "stream_over_full": statistics.median(r["stream_over_full"] for r in measured),
+            "first_delta_fraction": round(statistics.median(r["first_delta_fraction"] for r in measured), 3),
+            "stream_over_full": round(statistics.median(r["stream_over_full"] for r in measured), 3),
             "identical": all(r["identical"] for r in measured)}
 
 
