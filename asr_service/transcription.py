@@ -113,24 +113,25 @@ class Transcriber:
         conditioned = options.condition_on_previous_text
         jobs: list[asyncio.Future] = []
         # The windows in order as they are planned, then None. Each window's decode starts as soon
-        # as it is planned, unless it needs the text before it (conditioned); at most
-        # max_request_windows decode at once, and planning waits for room (engine.interface).
+        # as it is planned (after the first one's end, when that one decodes alone), unless it
+        # needs the text before it (conditioned); at most max_request_windows decode at once, and
+        # planning waits for room (engine.interface).
         planned: asyncio.Queue[_PlannedWindow | None] = asyncio.Queue()
         room = asyncio.Semaphore(self.engine.max_request_windows)
 
         async def start_windows() -> None:
             try:
                 async for window in plan.windows:
-                    job = None
-                    if not conditioned:
-                        await room.acquire()
-                        if jobs and plan.first_alone:
-                            await asyncio.wait({jobs[0]})
+                    if conditioned:  # started by the loop below, once the text before it is known
+                        planned.put_nowait(_PlannedWindow(window, time.monotonic(), None))
+                        continue
+                    await room.acquire()
+                    if jobs and plan.first_alone:
+                        await asyncio.wait({jobs[0]})
                     priority = time.monotonic()
-                    if not conditioned:
-                        job = self._start(window, options, None, priority, on_chunk_done)
-                        job.add_done_callback(lambda _: room.release())
-                        jobs.append(job)
+                    job = self._start(window, options, None, priority, on_chunk_done)
+                    job.add_done_callback(lambda _: room.release())
+                    jobs.append(job)
                     planned.put_nowait(_PlannedWindow(window, priority, job))
             finally:
                 planned.put_nowait(None)
