@@ -2,6 +2,7 @@
 
 import pytest
 import asyncio
+from dataclasses import replace
 
 import numpy as np
 
@@ -85,3 +86,43 @@ async def test_a_committed_utterance_gets_the_decode_a_file_of_it_gets(runtime, 
     events = await run_session(runtime, clip, SessionConfig(), commit=True)
     file_decode = build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
     assert list(texts_by_item(events).values()) == [(await runtime.transcriber.transcribe(clip, file_decode)).text]
+
+
+class _PreviewsThatMishear:
+    """The real transcriber, except that every preview (a partial decode: it has a token
+    budget) hears "Howdy," where the utterance starts, as partial decodes of its first second
+    did on a LibriVox clip. The final decode is the real one."""
+
+    def __init__(self, transcriber):
+        self.adapter, self.gate, self._real = transcriber.adapter, transcriber.gate, transcriber
+
+    async def transcribe(self, audio, options):
+        result = await self._real.transcribe(audio, options)
+        if options.max_new_tokens is None:
+            return result
+        return replace(result, text="Howdy, " + " ".join(result.text.split()[2:]), language="en")
+
+
+async def test_the_final_text_is_the_file_decode_even_where_the_preview_was_wrong(runtime):
+    """Words a preview sent never hold the final decode: the completed text is the file decode
+    of the utterance, all of it (the preview's last delta only completes what it showed)."""
+    clip = np.concatenate([load_clip("en", "quick_brown_fox"), load_clip("en", "counting")])
+    events = []
+    file_decode = build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
+    session = RealtimeSession(_PreviewsThatMishear(runtime.transcriber), events.append, file_decode)
+    worker = asyncio.create_task(session.run())
+    try:
+        for i in range(0, len(clip), 8000):  # half a second at a time, about real time: previews run
+            await session.append(clip[i : i + 8000])
+            await asyncio.sleep(0.6)
+        session.commit(final=True)
+        async with asyncio.timeout(60):
+            while not session.idle:
+                await asyncio.sleep(0.02)
+    finally:
+        worker.cancel()
+    deltas = "".join(e.text for e in events if isinstance(e, TextDelta))
+    [done] = [e for e in events if isinstance(e, Completed)]
+    assert deltas.startswith("Howdy,")  # the preview went out as it was heard
+    assert done.text == (await runtime.transcriber.transcribe(clip, file_decode)).text
+    assert normalize(done.text).startswith("the quick brown fox") and "10" in normalize(done.text).split()

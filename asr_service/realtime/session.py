@@ -3,9 +3,11 @@
 Audio is cut into utterances: by the client's commits, or by server VAD when the session has
 turn detection, or at 30 s (Whisper's window) when speech runs on without a pause. While an
 utterance grows, a worker re-decodes all of it every ``partial_interval_s`` of new audio and
-sends the text that two consecutive decodes agree on (see stable_text); once the utterance is
-closed, one full decode (with temperature fallback) gives the rest and the final text. The
-deltas of an utterance always concatenate to its final text.
+sends the text that two consecutive decodes agree on (see stable_text): a preview. Once the
+utterance is closed, the decode a file of its audio gets gives the final text, never held to
+the preview; its words after the preview's go out as the last delta. So the deltas concatenate
+to the final text unless that decode disagrees with words already sent; then the completed
+event carries the true text (the page puts it in the preview's place).
 
 Every decode goes through the Transcriber, so the fused language prefix is parsed before any
 text is used, windows the speech gate hears nothing in give no text, and cancelling the
@@ -103,7 +105,9 @@ class TextDelta:
 @dataclass(frozen=True)
 class Completed:
     item_id: str
-    text: str  # exactly the concatenation of the item's deltas
+    # The utterance's text: a file's decode of its audio. The item's deltas concatenate to it
+    # unless that decode disagrees with words a preview already sent (stable_text.continuation).
+    text: str
     language: str | None
     seconds: float
     prompt_tokens: int
@@ -299,7 +303,7 @@ class RealtimeSession:
         wait = min(SPECULATE_AFTER_MS, self.config.turn_detection.silence_duration_ms // 2) * SAMPLE_RATE // 1000
         if pause is not None and utterance.speculation is None and self._position - pause >= wait:
             self._stop_partial(utterance)  # the final decode covers the same audio
-            decode = asyncio.ensure_future(self.transcriber.transcribe(utterance.audio(), self._options(utterance)))
+            decode = asyncio.ensure_future(self.transcriber.transcribe(utterance.audio(), self._options()))
             utterance.speculation = (pause, decode)
 
     def _split_long_utterance(self) -> None:
@@ -365,10 +369,11 @@ class RealtimeSession:
         return (utterance.samples >= MIN_PARTIAL_SECONDS * SAMPLE_RATE
                 and new >= self.limits.partial_interval_s * SAMPLE_RATE)
 
-    def _options(self, utterance: Utterance) -> TranscriptionOptions:
-        """The final decode's: a file's (beams, timestamps and seek, fallback, thresholds), so a
-        loop inside an utterance is caught before its text is sent."""
-        return replace(self.file_decode, language=utterance.language or self.config.language,
+    def _options(self) -> TranscriptionOptions:
+        """The final decode's: a file's (beams, timestamps and seek, fallback, thresholds, its
+        own language detection), so a loop inside an utterance is caught before its text is
+        sent, and the final text never depends on what the previews said."""
+        return replace(self.file_decode, language=self.config.language,
                        candidate_languages=self.config.allowed_languages, previous_text=self.config.prompt)
 
     async def _decode_partial(self, utterance: Utterance) -> None:
@@ -377,8 +382,8 @@ class RealtimeSession:
         budget = partial_token_budget(audio.shape[0] / SAMPLE_RATE)
         # A preview, greedy and without temperature fallback: a partial that fails is simply not
         # agreed with, and the final decode is the file's.
-        options = replace(self._options(utterance), beam_size=1, fallback_temperatures=(), max_new_tokens=budget,
-                          name_language_of_silence=False)
+        options = replace(self._options(), language=utterance.language or self.config.language, beam_size=1,
+                          fallback_temperatures=(), max_new_tokens=budget, name_language_of_silence=False)
         result = await self.transcriber.transcribe(audio, options)
         usable = result.detection_failure is None and result.finish_reason != "length"  # not cut by the budget
         latest = (result.language, result.text if usable else "")
@@ -401,7 +406,7 @@ class RealtimeSession:
             utterance.speculation = None
             if not early.cancelled() and early.exception() is None:
                 return early.result()
-        return await self.transcriber.transcribe(audio, self._options(utterance))
+        return await self.transcriber.transcribe(audio, self._options())
 
     async def _finish(self, utterance: Utterance) -> None:
         audio = utterance.audio()
@@ -415,11 +420,12 @@ class RealtimeSession:
             self.emit(Failed(utterance.item_id, f"Language auto-detect failed: {result.detection_failure}",
                              "language_detection_failed"))
             return
-        language = utterance.language or result.language
-        joiner = self.transcriber.adapter.joiner(language)
-        rest = continuation(utterance.sent, result.text, joiner)
+        # The final text is the decode's, never held to the previews: where it disagrees with
+        # words already sent, the last delta only completes the preview, and the completed
+        # event (which the page shows in its place) carries the true text.
+        rest = continuation(utterance.sent, result.text, self.transcriber.adapter.joiner(result.language))
         if rest:
             self.emit(TextDelta(utterance.item_id, rest))
-        self.emit(Completed(utterance.item_id, joiner.join(utterance.sent) + rest, language,
+        self.emit(Completed(utterance.item_id, result.text, result.language,
                             seconds=round(audio.shape[0] / SAMPLE_RATE, 3), prompt_tokens=result.prompt_tokens,
                             output_tokens=result.output_tokens))
