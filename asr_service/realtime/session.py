@@ -303,7 +303,7 @@ class RealtimeSession:
         wait = min(SPECULATE_AFTER_MS, self.config.turn_detection.silence_duration_ms // 2) * SAMPLE_RATE // 1000
         if pause is not None and utterance.speculation is None and self._position - pause >= wait:
             self._stop_partial(utterance)  # the final decode covers the same audio
-            decode = asyncio.ensure_future(self.transcriber.transcribe(utterance.audio(), self._options()))
+            decode = asyncio.ensure_future(self.transcriber.transcribe(utterance.audio(), self._final_options()))
             utterance.speculation = (pause, decode)
 
     def _split_long_utterance(self) -> None:
@@ -369,7 +369,7 @@ class RealtimeSession:
         return (utterance.samples >= MIN_PARTIAL_SECONDS * SAMPLE_RATE
                 and new >= self.limits.partial_interval_s * SAMPLE_RATE)
 
-    def _options(self) -> TranscriptionOptions:
+    def _final_options(self) -> TranscriptionOptions:
         """The final decode's: a file's (beams, timestamps and seek, fallback, thresholds, its
         own language detection), so a loop inside an utterance is caught before its text is
         sent, and the final text never depends on what the previews said."""
@@ -382,7 +382,7 @@ class RealtimeSession:
         budget = partial_token_budget(audio.shape[0] / SAMPLE_RATE)
         # A preview, greedy and without temperature fallback: a partial that fails is simply not
         # agreed with, and the final decode is the file's.
-        options = replace(self._options(), language=utterance.language or self.config.language, beam_size=1,
+        options = replace(self._final_options(), language=utterance.language or self.config.language, beam_size=1,
                           fallback_temperatures=(), max_new_tokens=budget, name_language_of_silence=False)
         result = await self.transcriber.transcribe(audio, options)
         usable = result.detection_failure is None and result.finish_reason != "length"  # not cut by the budget
@@ -406,7 +406,7 @@ class RealtimeSession:
             utterance.speculation = None
             if not early.cancelled() and early.exception() is None:
                 return early.result()
-        return await self.transcriber.transcribe(audio, self._options())
+        return await self.transcriber.transcribe(audio, self._final_options())
 
     async def _finish(self, utterance: Utterance) -> None:
         audio = utterance.audio()
