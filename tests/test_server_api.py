@@ -408,22 +408,27 @@ def test_segment_granularity_is_taken_with_every_format_and_in_streams(server):
 
 
 def test_client_that_disconnects_mid_stream_frees_its_slots(server):
-    # ~60 s of plain speech, three chunks. (One clip repeated 20 times would not do: Whisper
-    # calls such a window likely no-speech, and streaming holds those windows' text to the end.)
+    # ~2 minutes of plain speech (under the test server's upload cap): a short first window, then four that decode together
+    # for seconds after the first delta. (One clip repeated would not do: Whisper calls such a
+    # window likely no-speech.)
     gap = np.zeros(4800, np.float32)
-    audio = np.concatenate([load_clip("en", "quick_brown_fox"), gap, load_clip("en", "counting"), gap] * 10)
+    audio = np.concatenate([load_clip("en", "quick_brown_fox"), gap, load_clip("en", "counting"), gap] * 18)
     cancelled_before = httpx.get(server.url + "/health").json()["cancelled_sequences"]
     log_before = len(server.log_path.read_text())
     with httpx.stream("POST", server.url + "/v1/audio/transcriptions", data={"stream": "true"},
                       files={"file": ("long.wav", wav_bytes(audio), "audio/wav")}, timeout=120) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
+        lines = r.iter_lines()  # held: a dropped iterator would close the connection at once
+        for line in lines:
             if line.startswith("data: ") and "transcript.text.delta" in line:
                 break  # the first window's text: the later windows decode now
         import time
 
-        while httpx.get(server.url + "/health").json()["active_sequences"] == 0:
+        deadline, decoding = time.monotonic() + 30, False
+        while not decoding and time.monotonic() < deadline:
+            decoding = httpx.get(server.url + "/health").json()["active_sequences"] > 0
             time.sleep(0.05)
+        assert decoding, "no window was decoding after the first window's text"
     # ... and the client has left mid-stream, while they decode.
 
     deadline = time.monotonic() + 15
