@@ -15,15 +15,21 @@ from support.textnorm import normalize
 pytestmark = pytest.mark.model
 
 
-async def run_session(runtime, audio: np.ndarray, config: SessionConfig, commit: bool = False) -> list:
+def file_decode(runtime):
+    return build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
+
+
+async def run_session(runtime, audio: np.ndarray, config: SessionConfig, commit: bool = False, transcriber=None,
+                      frame: int = 1600, pause_s: float = 0.0) -> list:
+    """The session's events for ``audio`` sent in frames (100 ms by default), ``pause_s``
+    between them (0: as fast as the session takes them)."""
     events = []
-    file_decode = build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
-    session = RealtimeSession(runtime.transcriber, events.append, file_decode, config=config)
+    session = RealtimeSession(transcriber or runtime.transcriber, events.append, file_decode(runtime), config=config)
     worker = asyncio.create_task(session.run())
     try:
-        for i in range(0, len(audio), 1600):  # 100 ms frames
-            await session.append(audio[i : i + 1600])
-            await asyncio.sleep(0)
+        for i in range(0, len(audio), frame):
+            await session.append(audio[i : i + frame])
+            await asyncio.sleep(pause_s)
         if commit:
             session.commit(final=True)
         async with asyncio.timeout(60):
@@ -84,8 +90,7 @@ async def test_a_committed_utterance_gets_the_decode_a_file_of_it_gets(runtime, 
     timestamps, fallback and thresholds), whatever the previews sent before it."""
     clip = load_clip(language, name)
     events = await run_session(runtime, clip, SessionConfig(), commit=True)
-    file_decode = build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
-    assert list(texts_by_item(events).values()) == [(await runtime.transcriber.transcribe(clip, file_decode)).text]
+    assert list(texts_by_item(events).values()) == [(await runtime.transcriber.transcribe(clip, file_decode(runtime))).text]
 
 
 class _PreviewsThatMishear:
@@ -107,22 +112,11 @@ async def test_the_final_text_is_the_file_decode_even_where_the_preview_was_wron
     """Words a preview sent never hold the final decode: the completed text is the file decode
     of the utterance, all of it (the preview's last delta only completes what it showed)."""
     clip = np.concatenate([load_clip("en", "quick_brown_fox"), load_clip("en", "counting")])
-    events = []
-    file_decode = build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
-    session = RealtimeSession(_PreviewsThatMishear(runtime.transcriber), events.append, file_decode)
-    worker = asyncio.create_task(session.run())
-    try:
-        for i in range(0, len(clip), 8000):  # half a second at a time, about real time: previews run
-            await session.append(clip[i : i + 8000])
-            await asyncio.sleep(0.6)
-        session.commit(final=True)
-        async with asyncio.timeout(60):
-            while not session.idle:
-                await asyncio.sleep(0.02)
-    finally:
-        worker.cancel()
+    # Half a second at a time, about real time: previews run between the frames.
+    events = await run_session(runtime, clip, SessionConfig(), commit=True,
+                               transcriber=_PreviewsThatMishear(runtime.transcriber), frame=8000, pause_s=0.6)
     deltas = "".join(e.text for e in events if isinstance(e, TextDelta))
     [done] = [e for e in events if isinstance(e, Completed)]
     assert deltas.startswith("Howdy,")  # the preview went out as it was heard
-    assert done.text == (await runtime.transcriber.transcribe(clip, file_decode)).text
+    assert done.text == (await runtime.transcriber.transcribe(clip, file_decode(runtime))).text
     assert normalize(done.text).startswith("the quick brown fox") and "10" in normalize(done.text).split()
