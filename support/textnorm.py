@@ -15,3 +15,8 @@ def normalize(text: str) -> str:
     text = "".join(" " if unicodedata.category(c).startswith(("P", "S")) else c for c in text)
     words = [_NUMBERS.get(w, w) for w in text.split()]
     return " ".join(words)
+
+
+def spoken(text: str) -> str:
+    """Only the letters and digits, lower-cased: "1, 2, 3," and "123" say the same thing."""
+    return "".join(c for c in text.lower() if c.isalnum())

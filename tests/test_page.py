@@ -21,7 +21,7 @@ import webvtt
 
 from support.clips import clip_path, load_clip, reference
 from support.speakers import SCRIPT, SHORT_TURNS
-from support.textnorm import normalize
+from support.textnorm import normalize, spoken
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -124,9 +124,6 @@ def test_microphone_speech_shows_up_live_on_the_page(server, browser):
     # Words showed while the speech was still playing; the final line is the utterance's file
     # decode, put in the preview's place, which says the same words (its punctuation may differ:
     # "1, 2, 3," previewed, "1-2-3" final).
-    def spoken(text: str) -> str:
-        return "".join(c for c in text.lower() if c.isalnum())
-
     assert partials and spoken(finished_text).startswith(spoken(partials[0])), (partials, finished_text)
     assert finished[0].find_element(By.CLASS_NAME, "lang").text == "en"
     assert browser.find_element(By.ID, "record").get_attribute("aria-pressed") == "true"

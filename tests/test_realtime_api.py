@@ -17,7 +17,7 @@ import soundfile as sf
 import websockets
 
 from support.clips import load_clip, reference
-from support.textnorm import normalize
+from support.textnorm import normalize, spoken
 from tests.test_realtime_parts import pcm16, resample
 
 pytestmark = pytest.mark.server
@@ -126,7 +126,11 @@ async def test_vllm_protocol_streams_speech_and_text_arrives_while_it_plays(ws_u
         assert kinds.index("transcription.delta") < kinds.index("final_sent"), kinds  # incremental, not at the end
         done = events[-1]
         deltas = "".join(e["delta"] for e in events if e["type"] == "transcription.delta")
-        assert deltas == done["text"]
+        # The done text is the file decode of the buffer, not held to the previews (greedy) sent
+        # while it played: "12345678910." may have gone out where the final says "1, 2, 3, ...".
+        # The deltas still say the same words: the last one completes the preview, nothing is lost
+        # or said twice.
+        assert spoken(deltas) == spoken(done["text"]), (deltas, done["text"])
         assert done["language"] == "en"
         assert done["usage"]["total_tokens"] == done["usage"]["prompt_tokens"] + done["usage"]["completion_tokens"] > 0
         words = normalize(done["text"]).split()
