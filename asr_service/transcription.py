@@ -56,6 +56,11 @@ PROMPT_RESET_TEMPERATURE = 0.5
 FIRST_WINDOW_AFTER_WINDOWS = 2
 FIRST_WINDOW_S = 10.0
 
+# A live decode (realtime: a person waits for the words as they speak) counts as planned this
+# much earlier than now, so the engine admits its windows ahead of every file window queued
+# (priorities are planning times, oldest first), and among live decodes the oldest still first.
+LIVE_LEAD_S = 3600.0
+
 
 @dataclass(frozen=True)
 class WindowPlan:
@@ -97,17 +102,24 @@ class Transcriber:
 
     # ---- the two ways in ----
     async def transcribe(self, audio: np.ndarray, options: TranscriptionOptions = TranscriptionOptions(),
-                         on_chunk_done: Callable[[AudioChunk], None] | None = None) -> TranscriptionResult:
-        async with aclosing(self.run(audio, options, on_chunk_done=on_chunk_done)) as events:
+                         on_chunk_done: Callable[[AudioChunk], None] | None = None,
+                         live: bool = False) -> TranscriptionResult:
+        async with aclosing(self.run(audio, options, on_chunk_done=on_chunk_done, live=live)) as events:
             async for event in events:
                 if isinstance(event, Finished):
                     return event.result
         raise RuntimeError("the pipeline ended without a result")
 
     async def run(self, audio: np.ndarray, options: TranscriptionOptions,
-                  on_chunk_done: Callable[[AudioChunk], None] | None = None) -> AsyncIterator[PipelineEvent]:
+                  on_chunk_done: Callable[[AudioChunk], None] | None = None,
+                  live: bool = False) -> AsyncIterator[PipelineEvent]:
         """The events of one request, in window order (see the module docstring). Closing the
-        generator early cancels every decode still running."""
+        generator early cancels every decode still running. ``live``: someone watches the text
+        as they speak (a realtime session): its windows go ahead of all file work (LIVE_LEAD_S)."""
+
+        def planned_at() -> float:  # the window's priority in the engine's queue
+            return time.monotonic() - (LIVE_LEAD_S if live else 0.0)
+
         options = self._for_model(options)
         plan = await self.plan(audio, options)
         conditioned = options.condition_on_previous_text
@@ -123,12 +135,12 @@ class Transcriber:
             try:
                 async for window in plan.windows:
                     if conditioned:  # started by the loop below, once the text before it is known
-                        planned.put_nowait(_PlannedWindow(window, time.monotonic(), None))
+                        planned.put_nowait(_PlannedWindow(window, planned_at(), None))
                         continue
                     await room.acquire()
                     if jobs and plan.first_alone:
                         await asyncio.wait({jobs[0]})
-                    priority = time.monotonic()
+                    priority = planned_at()
                     job = self._start(window, options, None, priority, on_chunk_done)
                     job.add_done_callback(lambda _: room.release())
                     jobs.append(job)

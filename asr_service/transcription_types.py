@@ -51,6 +51,9 @@ class TranscriptionOptions:
     # Audio with no speech gets its most probable language (one encoder pass, one decoder step)
     # rather than none; realtime partial decodes, which only compare texts, skip it.
     name_language_of_silence: bool = True
+    # A realtime preview's cheaper encoder pass (engine DecodeParams.audio_sized_encoder): only
+    # where a whole-window decode gives the text that counts, and only on an engine that has it.
+    audio_sized_encoder: bool = False
 
 
 @dataclass

@@ -126,7 +126,8 @@ def decode_params(adapter: TranscriptionAdapter, options: TranscriptionOptions, 
                                                        context or None)
     changes = {"temperature": options.temperature, "seed": options.seed, "top_k": options.top_k, "top_p": options.top_p,
                "min_p": options.min_p, "repetition_penalty": options.repetition_penalty,
-               "frequency_penalty": options.frequency_penalty, "presence_penalty": options.presence_penalty}
+               "frequency_penalty": options.frequency_penalty, "presence_penalty": options.presence_penalty,
+               "audio_sized_encoder": options.audio_sized_encoder}
     if options.max_new_tokens is not None:
         # The budget is for text: the prefix a fused decode generates first, and a timed
         # decode's opening timestamp, are not counted.

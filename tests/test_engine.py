@@ -5,6 +5,7 @@ import threading
 import time
 from dataclasses import replace
 
+import jiwer
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,8 @@ import torch
 from asr_service.engine.params import DecodeFailed, raise_if_failed
 from asr_service.engine.stream import SequenceStream
 from asr_service.transcription_types import TranscriptionOptions
-from support.clips import load_clip
+from support.clips import load_clip, reference
+from support.textnorm import normalize
 
 pytestmark = pytest.mark.model
 
@@ -107,6 +109,23 @@ async def test_windows_past_the_cap_wait_and_decode_the_same(runtime):
         capped.shutdown()
 
 
+async def test_an_audio_sized_encoding_hears_the_words_and_never_stands_in_for_the_whole_window(runtime):
+    """A realtime preview's encoder reads only the audio's seconds; the decoder still hears the
+    clip's words. The encoder cache keeps it apart from the same audio's whole-window encoding,
+    so a final decode of the same array is the whole window's, token for token."""
+    adapter, engine = runtime.adapter, runtime.engine
+    clip = load_clip("en", "quick_brown_fox")
+    params = adapter.build_prompt("en")
+    whole = await engine.submit(clip, params).collect()
+    passes = engine.encoder_windows
+    sized = await engine.submit(clip, replace(params, audio_sized_encoder=True)).collect()
+    assert engine.encoder_windows == passes + 1  # encoded anew, not the whole window's output
+    words = normalize(adapter.decode_text(sized.token_ids)).split()
+    assert jiwer.wer(normalize(reference("en", "quick_brown_fox")), " ".join(words)) <= 0.2, words
+    again = await engine.submit(clip, params).collect()
+    assert again.token_ids == whole.token_ids
+
+
 async def test_waiting_sequences_are_admitted_oldest_work_first(runtime):
     """The priority a sequence is submitted with (when its work arrived) orders the queue: a
     window's continuation submitted late goes ahead of a window planned after it. One slot,
@@ -128,6 +147,31 @@ async def test_waiting_sequences_are_admitted_oldest_work_first(runtime):
         await asyncio.gather(first, decode("later window", "hello_world", now),
                              decode("no priority", "hello_world"), decode("older window", "hello_world", now - 60))
         assert ended == ["busy", "older window", "later window", "no priority"]
+    finally:
+        single.shutdown()
+
+
+async def test_a_live_decode_goes_ahead_of_file_work_already_waiting(runtime):
+    """A realtime session's decode (live) is admitted before file windows queued before it,
+    so a busy server still shows words while they are spoken. One slot, as above."""
+    from asr_service.engine.batch_engine import BatchEngine
+    from asr_service.transcription import Transcriber
+
+    single = BatchEngine(runtime.loaded.model, max_batch_size=1, threads=2, encoder_dtype=runtime.engine.encoder_dtype)
+    try:
+        transcriber = Transcriber(single, runtime.adapter)
+        ended = []
+
+        async def transcribe(name, clip, live=False):
+            await transcriber.transcribe(load_clip("en", clip), live=live)
+            ended.append(name)
+
+        busy = asyncio.ensure_future(transcribe("busy", "counting"))
+        await asyncio.sleep(0.2)  # admitted: the one slot is taken
+        queued = asyncio.ensure_future(transcribe("file", "hello_world"))
+        await asyncio.sleep(0.05)  # queued behind it
+        await asyncio.gather(busy, queued, transcribe("live", "hello_world", live=True))
+        assert ended == ["busy", "live", "file"]
     finally:
         single.shutdown()
 

@@ -117,7 +117,7 @@ class _Recording:
 
     def __init__(self, engine):
         self.engine, self.name, self.warm_copies, self.beam_search = engine, engine.name, engine.warm_copies, engine.beam_search
-        self.max_request_windows = engine.max_request_windows
+        self.max_request_windows, self.audio_sized_encoder = engine.max_request_windows, engine.audio_sized_encoder
         self.decodes = []
 
     def submit(self, audio, params, priority=None):

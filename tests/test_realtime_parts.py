@@ -106,6 +106,15 @@ def test_only_text_two_decodes_agree_on_is_sent():
     assert agreed("一二三", "一二三四", "") == ["一", "二", "三"]  # no spaces: characters
 
 
+def test_words_agree_whatever_their_punctuation_and_case():
+    # A decode that ends with its audio punctuates its last words as an ending; the words
+    # agree all the same, and the latest decode's spelling goes out.
+    assert agreed("1 2 3 4", "1, 2, 3, 4, 5, 6", " ") == ["1,", "2,", "3,", "4,"]
+    assert agreed("The Quick Brown Fist.", "The quick brown fox jumps", " ") == ["The", "quick", "brown"]
+    assert agreed("El Velós Murcia.", "El Belos Murcia Lago,", " ") == ["El"]  # a changed word is not agreed
+    assert extension(["1", "2"], ["1,", "2,", "3,"], " ") == " 3,"  # the sent words stand as they were sent
+
+
 def test_final_text_continues_what_was_sent():
     assert continuation(["The", "quick"], "The quick brown fox.", " ") == " brown fox."
     assert continuation([], "Hello world.", " ") == "Hello world."

@@ -99,10 +99,10 @@ class _PreviewsThatMishear:
     did on a LibriVox clip. The final decode is the real one."""
 
     def __init__(self, transcriber):
-        self.adapter, self.gate, self._real = transcriber.adapter, transcriber.gate, transcriber
+        self.adapter, self.gate, self.engine, self._real = transcriber.adapter, transcriber.gate, transcriber.engine, transcriber
 
-    async def transcribe(self, audio, options):
-        result = await self._real.transcribe(audio, options)
+    async def transcribe(self, audio, options, live):
+        result = await self._real.transcribe(audio, options, live=live)
         if options.max_new_tokens is None:
             return result
         return replace(result, text="Howdy, " + " ".join(result.text.split()[2:]), language="en")

@@ -383,7 +383,8 @@ async def test_a_request_the_server_refuses_is_an_error_not_a_dead_server(runtim
 def test_what_sglang_cannot_carry_is_refused_before_sending(runtime):
     tr = remote(runtime, "http://127.0.0.1:9")
     for options, param in ((TranscriptionOptions(word_timestamps=True), "timestamp_granularities"),
-                           (TranscriptionOptions(beam_size=4), "beam_size")):
+                           (TranscriptionOptions(beam_size=4), "beam_size"),
+                           (TranscriptionOptions(audio_sized_encoder=True), "audio_sized_encoder")):
         problem = tr.refusal(options)
         assert isinstance(problem, UnsupportedDecode) and problem.param == param, (options, problem)
     assert tr.refusal(TranscriptionOptions(language="de", timestamps=True, task="translate")) is None

@@ -4,7 +4,8 @@ Variants: transcribe/translate x notimestamps/timestamps, each both for fused de
 the full language set and for a known language (text-only grammar). Grammar cache keys are
 deterministic, so each variant compiles exactly once; a short decode on silence through each
 variant, drained to the end, pays the first-call costs (allocation, kernels, matcher setup)
-before the server says it is ready. With SGLang servers behind the service, each variant is
+before the server says it is ready; so does one decode through the audio-sized encoder that
+realtime previews use, where the engine has it. With SGLang servers behind the service, each variant is
 sent once per server at the same time (least-outstanding balancing gives each server one), so
 every server compiles every grammar before real traffic; a server that is down is skipped
 (the warm decode ends "unavailable") and /health reports it.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -57,6 +58,11 @@ async def run_warmup(adapter: TranscriptionAdapter, engine: Engine) -> WarmupRep
         report.variants.append(name)
         report.step_seconds[name] = round(time.perf_counter() - t, 3)
         log.info("warmup %s: grammar ready, warm decode in %.2fs", name, report.step_seconds[name])
+    if engine.audio_sized_encoder:  # realtime previews' encoder (the silent window it splices in)
+        t = time.perf_counter()
+        params = replace(adapter.build_fused_autodetect_params(), audio_sized_encoder=True)
+        await engine.submit(silence, params).collect()
+        report.step_seconds["audio-sized encoder"] = round(time.perf_counter() - t, 3)
     report.total_seconds = round(time.perf_counter() - start, 3)
     log.info("warmup done: %d variants in %.2fs", len(report.variants), report.total_seconds)
     return report

@@ -21,6 +21,7 @@ import collections
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 
@@ -28,9 +29,10 @@ import numpy as np
 import torch
 
 from ..heap import return_freed_memory
+from ..pcm import SAMPLE_RATE
 from .beam_search import BeamGroup
 from .encoder_cache import EncoderCache
-from .features import log_mel_spectrogram
+from .features import CHUNK_SECONDS, N_FRAMES, log_mel_spectrogram
 from .interface import EngineFigures
 from .logits import GrammarMask, apply_penalties, apply_whisper_rules, choose_tokens
 from .model import SharedAudio, Whisper
@@ -43,12 +45,16 @@ from .stream import SequenceStream
 log = logging.getLogger(__name__)
 
 SELF_ATTENTION_BLOCK = 64  # positions (see _forward)
+# An audio-sized encoding (DecodeParams.audio_sized_encoder) reads this much silence after the
+# audio too, so the speech's last frames see the silence that follows them in a whole window.
+AUDIO_SIZED_MARGIN_S = 1.0
 
 
 class BatchEngine:
     name = "embedded"
     warm_copies = 1
     beam_search = True
+    audio_sized_encoder = True
 
     # One encoder window per admission by default: on the CPU the encoder is compute-bound, so
     # stacking windows gains nothing and multiplies activation memory.
@@ -84,6 +90,7 @@ class BatchEngine:
         self._slots = SlotCache(self.dims, max_batch_size, self.max_audio_windows, self.device, self.dtype,
                                 model.audio_cache_dtype or self.dtype)
         self._encoder = EncoderCache(self._encode_windows)
+        self._silent_window: torch.Tensor | None = None  # encoder output of a silent window, once needed
         self._grammar_mask = GrammarMask(max_batch_size, self.dims.n_vocab)
         self.steps = 0  # decode steps run
         self.tokens_total = 0  # tokens decoded (one per active sequence per step)
@@ -206,12 +213,35 @@ class BatchEngine:
                     windows += 1
             return admitted
 
-    def _encode_windows(self, audios: list[np.ndarray]) -> torch.Tensor:
+    def _encode_windows(self, windows: list[tuple[np.ndarray, bool]]) -> torch.Tensor:
+        """Encoder output per (audio, sized) window. Whole windows are encoded together; a sized
+        one (DecodeParams.audio_sized_encoder) alone, over its own seconds only."""
         with self.clock.timing("encoder"):
-            mel = torch.stack([log_mel_spectrogram(a, self.dims.n_mels) for a in audios]).to(self.device, self.dtype)
-            with torch.autocast(self.device.type, dtype=self.encoder_dtype or torch.bfloat16,
-                                enabled=self.encoder_dtype is not None):
-                return self.model.encoder(mel).to(self.dtype)
+            outputs: list[torch.Tensor | None] = [None] * len(windows)
+            whole = [i for i, (_, sized) in enumerate(windows) if not sized]
+            if whole:
+                for i, output in zip(whole, self._encode([windows[i][0] for i in whole])):
+                    outputs[i] = output
+            for i, (audio, sized) in enumerate(windows):
+                if sized:
+                    outputs[i] = self._encode_audio_sized(audio)
+            return torch.stack(outputs)
+
+    def _encode(self, audios: list[np.ndarray], frames: int = N_FRAMES) -> torch.Tensor:
+        mel = torch.stack([log_mel_spectrogram(a, self.dims.n_mels)[:, :frames] for a in audios])
+        with torch.autocast(self.device.type, dtype=self.encoder_dtype or torch.bfloat16,
+                            enabled=self.encoder_dtype is not None):
+            return self.model.encoder(mel.to(self.device, self.dtype)).to(self.dtype)
+
+    def _encode_audio_sized(self, audio: np.ndarray) -> torch.Tensor:
+        """The encoder over the audio's whole seconds plus AUDIO_SIZED_MARGIN_S; the window's
+        later positions are a silent window's output, so the decoder sees the window it knows
+        (speech, then silence to 30 s) at a fraction of the encoder's work."""
+        if self._silent_window is None:
+            self._silent_window = self._encode([np.zeros(0, dtype=np.float32)])[0]
+        seconds = min(CHUNK_SECONDS, math.ceil(audio.shape[0] / SAMPLE_RATE + AUDIO_SIZED_MARGIN_S))
+        head = self._encode([audio], seconds * N_FRAMES // CHUNK_SECONDS)[0]
+        return torch.cat([head, self._silent_window[head.shape[0]:]])
 
     def _admit(self, seqs: list[DecodingSequence]) -> None:
         self._running_threads = torch.get_num_threads()
@@ -230,7 +260,7 @@ class BatchEngine:
             seq.audio_slot = audio_of[search]
             self._audio_readers[seq.audio_slot] += 1
         self._slots.ensure_audios(len(self._audio_readers), in_use=first_audio)
-        audio_features = self._encoder.features([s.audio for s in readers])
+        audio_features = self._encoder.features([(s.audio, s.params.audio_sized_encoder) for s in readers])
         self._slots.write_cross(first_audio,
                                 [layer.cross_kv_for(audio_features) for layer in self.model.decoder.layers])
         with self.clock.timing("prefill"):

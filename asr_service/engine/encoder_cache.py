@@ -18,28 +18,33 @@ ENCODER_CACHE_WINDOWS = 8
 
 
 class EncoderCache:
-    def __init__(self, encode: Callable[[list[np.ndarray]], torch.Tensor], windows: int = ENCODER_CACHE_WINDOWS):
-        self._encode = encode  # audio windows -> encoder outputs, one per window
+    """Keyed by (audio, sized): a window encoded audio-sized (DecodeParams.audio_sized_encoder)
+    is not the whole window's encoding, so the two never stand in for each other."""
+
+    def __init__(self, encode: Callable[[list[tuple[np.ndarray, bool]]], torch.Tensor],
+                 windows: int = ENCODER_CACHE_WINDOWS):
+        self._encode = encode  # (audio window, sized) pairs -> encoder outputs, one per window
         self._windows = windows
-        self._entries: collections.OrderedDict[int, tuple[weakref.ref, torch.Tensor]] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[tuple[int, bool], tuple[weakref.ref, torch.Tensor]] = \
+            collections.OrderedDict()
         self.encoded_total = 0  # encoder passes run (windows not found here)
 
-    def features(self, audios: list[np.ndarray]) -> torch.Tensor:
-        """Encoder output for each of ``audios`` (stacked), encoding only the windows not kept."""
-        found = {id(a): self._get(a) for a in audios}
-        todo = list({id(a): a for a in audios if found[id(a)] is None}.values())
+    def features(self, windows: list[tuple[np.ndarray, bool]]) -> torch.Tensor:
+        """Encoder output for each (audio, sized) window (stacked), encoding only those not kept."""
+        found = {(id(a), sized): self._get(a, sized) for a, sized in windows}
+        todo = list({(id(a), sized): (a, sized) for a, sized in windows if found[(id(a), sized)] is None}.values())
         if todo:
-            for audio, output in zip(todo, self._encode(todo)):
-                found[id(audio)] = output
-                self._entries[id(audio)] = (weakref.ref(audio), output)
+            for (audio, sized), output in zip(todo, self._encode(todo)):
+                found[(id(audio), sized)] = output
+                self._entries[(id(audio), sized)] = (weakref.ref(audio), output)
                 while len(self._entries) > self._windows:
                     self._entries.popitem(last=False)
             self.encoded_total += len(todo)
-        return torch.stack([found[id(a)] for a in audios])
+        return torch.stack([found[(id(a), sized)] for a, sized in windows])
 
-    def _get(self, audio: np.ndarray) -> torch.Tensor | None:
-        entry = self._entries.get(id(audio))
+    def _get(self, audio: np.ndarray, sized: bool) -> torch.Tensor | None:
+        entry = self._entries.get((id(audio), sized))
         if entry is None or entry[0]() is not audio:
             return None
-        self._entries.move_to_end(id(audio))
+        self._entries.move_to_end((id(audio), sized))
         return entry[1]

@@ -45,6 +45,7 @@ class Engine(Protocol):
     # How many decodes warmup sends per grammar variant, so every server behind it compiles each.
     warm_copies: int
     beam_search: bool  # whether it decodes params with beam_size above 1
+    audio_sized_encoder: bool  # whether it decodes params with audio_sized_encoder set
     # How many windows of one request are submitted at once (a window with its continuations
     # counts once); its later windows are planned as these end. Enough to keep the engine's
     # batch full, few enough that a long file neither holds all its windows' samples at once

@@ -54,6 +54,11 @@ class DecodeParams:
     length_penalty: float | None = None  # None: rank by log-probability per token
     # (layer, head) pairs whose cross-attention is returned for word timing (empty: none).
     alignment_heads: tuple[tuple[int, int], ...] = ()
+    # Encode only the audio's own seconds (and a margin), not the whole padded window: the rest
+    # of the window's positions are a silent window's encoder output. Far cheaper on short
+    # audio, but the text may differ in a word from the whole window's, so only for a preview
+    # that a whole-window decode replaces (realtime). Engines that cannot refuse it.
+    audio_sized_encoder: bool = False
 
 
 @dataclass(frozen=True)

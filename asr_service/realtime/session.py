@@ -11,7 +11,8 @@ event carries the true text (the page puts it in the preview's place).
 
 Every decode goes through the Transcriber, so the fused language prefix is parsed before any
 text is used, windows the speech gate hears nothing in give no text, and cancelling the
-worker (a client that went away) frees the engine slots.
+worker (a client that went away) frees the engine slots. Every decode is live: the engine
+admits it ahead of file work, so a busy server still shows the words while they are spoken.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .turn_detection import TurnDetectionSettings, TurnDetector
 log = logging.getLogger(__name__)
 
 MIN_COMMIT_SECONDS = 0.1  # OpenAI's rule: a commit needs at least 100 ms of audio
-MIN_PARTIAL_SECONDS = 1.0  # shorter audio gives too little for a partial decode to agree on
+MIN_PARTIAL_SECONDS = 0.8  # shorter audio gives too little for a partial decode to agree on
 MAX_UTTERANCE_SECONDS = 30.0  # Whisper's window
 SPECULATE_AFTER_MS = 200  # a pause this long (or half the VAD's silence, if less) starts the final decode
 
@@ -68,7 +69,9 @@ class RealtimeLimits:
     idle_timeout_s: float = 60.0  # no audio from the client for this long (nothing left to decode) closes the session
     max_buffer_seconds: float = 300.0  # audio received but not yet transcribed
     max_session_seconds: float = 3600.0  # a session's whole life (OpenAI's sessions end after 60 min too)
-    partial_interval_s: float = 1.0  # re-decode a growing utterance after this much new audio
+    # Re-decode a growing utterance after this much new audio, or when the last decode ends if
+    # that takes longer (one worker per session: a preview's text is agreed with the one before).
+    partial_interval_s: float = 0.5
 
 
 # ---- events (the protocol module turns them into wire JSON) ----
@@ -303,7 +306,8 @@ class RealtimeSession:
         wait = min(SPECULATE_AFTER_MS, self.config.turn_detection.silence_duration_ms // 2) * SAMPLE_RATE // 1000
         if pause is not None and utterance.speculation is None and self._position - pause >= wait:
             self._stop_partial(utterance)  # the final decode covers the same audio
-            decode = asyncio.ensure_future(self.transcriber.transcribe(utterance.audio(), self._final_options()))
+            decode = asyncio.ensure_future(self.transcriber.transcribe(utterance.audio(), self._final_options(),
+                                                                       live=True))
             utterance.speculation = (pause, decode)
 
     def _split_long_utterance(self) -> None:
@@ -365,6 +369,10 @@ class RealtimeSession:
     def _partial_due(self, utterance: Utterance) -> bool:
         if utterance.speculation is not None:  # paused: the final decode is already running
             return False
+        if self._detector is not None and self._detector.pause_start is not None:
+            # Speech paused: the final decode starts within SPECULATE_AFTER_MS unless speech
+            # resumes, and a preview begun now would only hold the engine up ahead of it.
+            return False
         new = utterance.samples - utterance.decoded_samples
         return (utterance.samples >= MIN_PARTIAL_SECONDS * SAMPLE_RATE
                 and new >= self.limits.partial_interval_s * SAMPLE_RATE)
@@ -381,10 +389,12 @@ class RealtimeSession:
         utterance.decoded_samples = audio.shape[0]
         budget = partial_token_budget(audio.shape[0] / SAMPLE_RATE)
         # A preview, greedy and without temperature fallback: a partial that fails is simply not
-        # agreed with, and the final decode is the file's.
+        # agreed with, and the final decode is the file's. Its encoder reads only the audio there
+        # is (where the engine can), a fraction of a whole window's work on the first seconds.
         options = replace(self._final_options(), language=utterance.language or self.config.language, beam_size=1,
-                          fallback_temperatures=(), max_new_tokens=budget, name_language_of_silence=False)
-        result = await self.transcriber.transcribe(audio, options)
+                          fallback_temperatures=(), max_new_tokens=budget, name_language_of_silence=False,
+                          audio_sized_encoder=self.transcriber.engine.audio_sized_encoder)
+        result = await self.transcriber.transcribe(audio, options, live=True)
         usable = result.detection_failure is None and result.finish_reason != "length"  # not cut by the budget
         latest = (result.language, result.text if usable else "")
         log.debug("partial decode of %s at %.1f s: %r (usable: %s)", utterance.item_id, audio.shape[0] / SAMPLE_RATE,
@@ -406,7 +416,7 @@ class RealtimeSession:
             utterance.speculation = None
             if not early.cancelled() and early.exception() is None:
                 return early.result()
-        return await self.transcriber.transcribe(audio, self._final_options())
+        return await self.transcriber.transcribe(audio, self._final_options(), live=True)
 
     async def _finish(self, utterance: Utterance) -> None:
         audio = utterance.audio()

@@ -1,8 +1,12 @@
 """Which text of a growing utterance is safe to send: what two consecutive decodes agree on.
 
 Deltas are never taken back, so a partial decode's text goes out only where the decode
-before it (on less audio) said the same thing. The unit is the word, or the character for
-languages written without spaces (the adapter's joiner is "" for them).
+before it (on less audio) said the same words. The unit is the word, or the character for
+languages written without spaces (the adapter's joiner is "" for them). Units agree when
+their letters and digits do: a decode that stops at the end of its audio punctuates and
+capitalises its last words as an ending ("1 2 3 4" then "1, 2, 3, 4, 5,"; "The Quick Brown
+Fist." then "The quick brown fox jumps"), and holding a word until its punctuation settles
+would hold every word for a third decode. The latest decode's spelling is what goes out.
 """
 
 from __future__ import annotations
@@ -14,24 +18,29 @@ def units(text: str, joiner: str) -> list[str]:
     return text.split() if joiner else list(text.replace(" ", ""))
 
 
-def agreed(previous: str, latest: str, joiner: str) -> list[str]:
-    """The units both decodes start with."""
-    a, b = units(previous, joiner), units(latest, joiner)
+def _letters(unit: str) -> str:
+    return "".join(c for c in unit.lower() if c.isalnum())
+
+
+def _same_words(a: list[str], b: list[str]) -> int:
+    """How many units ``a`` and ``b`` start with that say the same thing."""
     n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
+    while n < min(len(a), len(b)) and _letters(a[n]) == _letters(b[n]):
         n += 1
-    return b[:n]
+    return n
+
+
+def agreed(previous: str, latest: str, joiner: str) -> list[str]:
+    """The units both decodes start with, as the latest spells them."""
+    b = units(latest, joiner)
+    return b[: _same_words(units(previous, joiner), b)]
 
 
 def extension(sent: list[str], stable: list[str], joiner: str) -> str:
     """The delta that takes the sent units to ``stable``: empty unless ``stable`` extends them."""
-    if len(stable) <= len(sent) or stable[: len(sent)] != sent:
+    if len(stable) <= len(sent) or _same_words(sent, stable) < len(sent):
         return ""
     return (joiner if sent else "") + joiner.join(stable[len(sent):])
-
-
-def _letters(unit: str) -> str:
-    return "".join(c for c in unit.lower() if c.isalnum())
 
 
 def continuation(sent: list[str], final: str, joiner: str) -> str:

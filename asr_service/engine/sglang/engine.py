@@ -59,6 +59,7 @@ class ContractRefusal(BackendFailure):
 class SGLangEngine:
     name = "sglang"
     beam_search = False  # SGLang's /generate has no beam search for Whisper (wire.refusal)
+    audio_sized_encoder = False  # its servers encode whole windows (wire.refusal)
 
     def __init__(self, urls: list[str], decoder_start_id: int, canaries: dict[Carrier, CanaryDecode],
                  connect_timeout_s: float = 5.0, read_timeout_s: float = 120.0, retry_after_s: float = 2.0):

@@ -81,6 +81,8 @@ def refusal(params: DecodeParams) -> UnsupportedDecode | None:
                                  "return", "timestamp_granularities")
     if params.beam_size > 1:
         return UnsupportedDecode("beam search is not available with the SGLang engine", "beam_size")
+    if params.audio_sized_encoder:
+        return UnsupportedDecode("SGLang servers encode the whole 30 s window", "audio_sized_encoder")
     return None
 
 
