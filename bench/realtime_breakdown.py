@@ -35,6 +35,7 @@ from asr_service.transcription_types import TranscriptionOptions
 from support.clips import load_clip
 from warmup import run_warmup
 
+from .realtime_latency import long_utterance
 from .report import RESULTS
 
 FRAME = 1600  # 100 ms at 16 kHz
@@ -80,17 +81,6 @@ class RecordingTranscriber:
         return result
 
 
-def speech_clip() -> np.ndarray:
-    """~10 s of speech without a long pause (the realtime_latency bench's long utterance)."""
-    def trimmed(name):
-        audio = load_clip("en", name)
-        loud = np.flatnonzero(np.abs(audio) > 0.02)
-        return audio[max(0, loud[0] - 800): loud[-1] + 800]
-
-    gap = np.zeros(2400, np.float32)
-    return np.concatenate([trimmed("counting"), gap, trimmed("quick_brown_fox"), gap, trimmed("counting")])
-
-
 def read_wav(path: str) -> np.ndarray:
     audio, rate = sf.read(path, dtype="float32")
     if rate != 16000 or audio.ndim != 1:
@@ -125,7 +115,8 @@ async def one_session(runtime, speech: np.ndarray) -> dict:
     finally:
         worker.cancel()
     first_delta = next((t for t, e in events if isinstance(e, TextDelta)), None)
-    completed = next((t, e) for t, e in events if isinstance(e, Completed))
+    # Speech with pauses ends in several utterances: the last one's text comes after speech ends.
+    completed = [(t, e) for t, e in events if isinstance(e, Completed)][-1]
     timeline = []
     for t, e in events:
         if isinstance(e, TextDelta):
@@ -139,7 +130,7 @@ async def one_session(runtime, speech: np.ndarray) -> dict:
         "speech_start_s": round(speech_start, 2), "speech_end_s": round(speech_end, 2),
         "first_delta_after_speech_start_s": round(first_delta - speech_start, 2) if first_delta else None,
         "completed_after_speech_end_s": round(completed[0] - speech_end, 2),
-        "completed_text": completed[1].text,
+        "completed_texts": [e.text for _, e in events if isinstance(e, Completed)],
         "first_preview_asked_after_speech_start_s": round(previews[0].asked - speech_start, 2) if previews else None,
         "preview_seconds": [round(d.ended - d.asked, 2) for d in previews],
         "decodes": [vars(d) for d in transcriber.decodes],
@@ -174,7 +165,7 @@ def main() -> None:
         await run_warmup(runtime.adapter, runtime.engine)
         results = {}
         for name in args.clips:
-            speech = (speech_clip() if name == "long" else read_wav(name) if name.endswith(".wav")
+            speech = (long_utterance() if name == "long" else read_wav(name) if name.endswith(".wav")
                       else load_clip(*name.split("/")))
             results[name] = await one_session(runtime, speech)
             r = results[name]
@@ -190,8 +181,15 @@ def main() -> None:
     decodes = [d for r in per_clip.values() for d in r["decodes"]]
     out = {"date": dt.datetime.now().isoformat(timespec="seconds"), "threads": args.threads,
            "precision": runtime.precision, "silence_duration_ms": SILENCE_MS,
+           "first_delta_after_speech_start_s": {
+               "median": statistics.median(r["first_delta_after_speech_start_s"] for r in per_clip.values()),
+               "max": max(r["first_delta_after_speech_start_s"] for r in per_clip.values())},
+           "completed_after_speech_end_s": {
+               "median": statistics.median(r["completed_after_speech_end_s"] for r in per_clip.values()),
+               "max": max(r["completed_after_speech_end_s"] for r in per_clip.values())},
            "preview": summary(decodes, "preview"), "final": summary(decodes, "final"), "clips": per_clip}
-    print(json.dumps({k: out[k] for k in ("preview", "final")}, indent=1))
+    print(json.dumps({k: out[k] for k in ("first_delta_after_speech_start_s", "completed_after_speech_end_s",
+                                          "preview", "final")}, indent=1))
     with open(args.out, "w") as f:
         json.dump(out, f, indent=2, ensure_ascii=False)
     print("written to", args.out)

@@ -10,6 +10,9 @@ Real speech (the pytest-audioeval clips) is streamed in 100 ms frames at real-ti
 - manual commit (turn_detection null): from sending the commit to the completed event: the
   final decode alone.
 And once, ~10 s of speech with no pause: when the first delta arrives after speech starts.
+With --load, that utterance is also streamed by 4 sessions at once (0.5 s apart, twice) while
+8 clients send files to the same server without pause: the first delta's median and 90th
+percentile under load, and how many file requests failed.
 Writes bench/results/realtime-<date>.json.
 """
 
@@ -19,11 +22,14 @@ import argparse
 import asyncio
 import base64
 import datetime as dt
+import io
 import json
 import statistics
 import time
 
+import httpx
 import numpy as np
+import soundfile as sf
 import websockets
 
 from support.clips import all_clips, load_clip
@@ -100,15 +106,20 @@ async def commit_delay(url: str, speech: np.ndarray) -> float:
     return times[COMPLETED] - start
 
 
-async def first_delta(url: str) -> dict:
-    """~10 s of speech without a pause: how soon text shows, and how long the full text takes."""
+def long_utterance() -> np.ndarray:
+    """~10 s of speech without a pause."""
     def trimmed(name):
         audio = load_clip("en", name)
         loud = np.flatnonzero(np.abs(audio) > 0.02)
         return audio[max(0, loud[0] - 800) : loud[-1] + 800]
 
     gap = np.zeros(2400, np.float32)
-    speech = np.concatenate([trimmed("counting"), gap, trimmed("quick_brown_fox"), gap, trimmed("counting")])
+    return np.concatenate([trimmed("counting"), gap, trimmed("quick_brown_fox"), gap, trimmed("counting")])
+
+
+async def first_delta(url: str) -> dict:
+    """The long utterance: how soon text shows, and how long the full text takes."""
+    speech = long_utterance()
     ws = await open_session(url, {"type": "server_vad", "silence_duration_ms": SILENCE_MS})
     audio = np.concatenate([np.zeros(8000, np.float32), speech, np.zeros(24000, np.float32)])
     times: dict[str, float] = {}
@@ -122,6 +133,47 @@ async def first_delta(url: str) -> dict:
             "first_delta_after_speech_start_s": round(delta - times["speech_start"], 2) if delta else None,
             "completed_after_speech_end_s": round(times[COMPLETED] - times["speech_end"], 2),
             "transcript": event["transcript"]}
+
+
+SESSIONS_UNDER_LOAD, FILE_CLIENTS, LOAD_ROUNDS = 4, 8, 2
+
+
+async def under_load(url: str, http_url: str) -> dict:
+    """First deltas of SESSIONS_UNDER_LOAD sessions at once while FILE_CLIENTS send files."""
+    wav = io.BytesIO()
+    sf.write(wav, np.concatenate([load_clip("en", n) for n in ("counting", "quick_brown_fox", "hello_world")] * 3),
+             16000, format="WAV")
+    body = wav.getvalue()
+    stop, files = asyncio.Event(), {"ok": 0, "failed": 0}
+
+    async def file_client(client: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            try:
+                r = await client.post(http_url + "/v1/audio/transcriptions", files={"file": ("a.wav", body)},
+                                      data={"model": "whisper-1"}, timeout=300)
+                files["ok" if r.status_code == 200 else "failed"] += 1
+            except httpx.HTTPError:
+                files["failed"] += 1
+
+    async def staggered(i: int) -> dict:
+        await asyncio.sleep(0.5 * i)
+        return await first_delta(url)
+
+    async with httpx.AsyncClient() as client:
+        clients = [asyncio.create_task(file_client(client)) for _ in range(FILE_CLIENTS)]
+        await asyncio.sleep(5)  # the engine's batch is full of file windows
+        sessions = []
+        for _ in range(LOAD_ROUNDS):
+            sessions += await asyncio.gather(*(staggered(i) for i in range(SESSIONS_UNDER_LOAD)))
+        stop.set()
+        await asyncio.gather(*clients)
+    firsts = sorted(s["first_delta_after_speech_start_s"] or float("inf") for s in sessions)
+    return {"sessions": len(sessions), "file_clients": FILE_CLIENTS,
+            "first_delta_after_speech_start_s": {"median": statistics.median(firsts),
+                                                 "p90": firsts[int(0.9 * (len(firsts) - 1) + 0.5)],
+                                                 "all": firsts},
+            "completed_after_speech_end_s": sorted(s["completed_after_speech_end_s"] for s in sessions),
+            "file_requests": files}
 
 
 async def run(url: str, clips: list[tuple[str, str]]) -> dict:
@@ -151,6 +203,7 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=9, help="how many clips (one per language first)")
     parser.add_argument("--threads", default="2")
     parser.add_argument("--quantize", choices=("int8", "bf16"))
+    parser.add_argument("--load", action="store_true", help="also first deltas with file clients running")
     args = parser.parse_args()
     by_language: dict[str, list[str]] = {}
     for lang, name in all_clips():
@@ -160,7 +213,11 @@ def main() -> None:
     server = ServerProcess("--threads", args.threads, *extra)
     try:
         server.wait_ready()
-        results = asyncio.run(run(server.url.replace("http://", "ws://") + "/v1/realtime", order[: args.clips]))
+        ws_url = server.url.replace("http://", "ws://") + "/v1/realtime"
+        results = asyncio.run(run(ws_url, order[: args.clips]))
+        if args.load:
+            results["under_load"] = asyncio.run(under_load(ws_url, server.url))
+            print(f"under load: {results['under_load']}", flush=True)
     finally:
         server.stop()
     results.update(date=dt.datetime.now().isoformat(timespec="seconds"), threads=args.threads, quantize=args.quantize)

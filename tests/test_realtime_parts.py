@@ -11,7 +11,7 @@ from adapters.base import TranscriptionAdapter
 from asr_service.realtime import protocol
 from asr_service.realtime.input_audio import InputAudioDecoder, InputAudioError, InputFormat, parse_format
 from asr_service.realtime.session import SessionConfig
-from asr_service.realtime.stable_text import agreed, continuation, extension
+from asr_service.realtime.stable_text import agreed, before_loop, continuation, extension
 from asr_service.realtime.turn_detection import TurnDetectionSettings, TurnDetector
 from support.clips import load_clip
 
@@ -113,6 +113,16 @@ def test_words_agree_whatever_their_punctuation_and_case():
     assert agreed("The Quick Brown Fist.", "The quick brown fox jumps", " ") == ["The", "quick", "brown"]
     assert agreed("El Velós Murcia.", "El Belos Murcia Lago,", " ") == ["El"]  # a changed word is not agreed
     assert extension(["1", "2"], ["1,", "2,", "3,"], " ") == " 3,"  # the sent words stand as they were sent
+
+
+def test_a_looping_preview_keeps_its_text_up_to_the_loop():
+    # Cut by its token budget on audio that ends mid-word: what came before the loop can still
+    # be agreed with; a loop without a short period leaves nothing to trust.
+    looped = "1, 2, 3, 4, 5, 6, 7, 8, 7, 8, 7, 8, 7, 8, 7, 8, 7"
+    assert before_loop(looped, " ") == "1, 2, 3, 4, 5, 6, 7, 8,"
+    assert before_loop("1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8, 8, 8, 8, 8", " ") == "1, 2, 3, 4, 5, 6, 7, 8,"
+    assert before_loop("天地玄黄黄黄黄", "") == "天地玄黄"
+    assert before_loop("Chandler Property Swarthe ubiquitous W Adlynn And the engine", " ") == ""
 
 
 def test_final_text_continues_what_was_sent():

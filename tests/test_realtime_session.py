@@ -55,7 +55,7 @@ VAD = SessionConfig(turn_detection=TurnDetectionSettings(silence_duration_ms=500
 
 
 async def test_speech_that_resumes_after_a_short_pause_stays_one_utterance(runtime):
-    # The 300 ms pause starts an early final decode (after 200 ms of silence); the speech that
+    # The 300 ms pause starts an early final decode (after 100 ms of silence); the speech that
     # follows must cancel it, or the final text would stop at the pause.
     hello, fox = load_clip("en", "hello_world"), load_clip("en", "quick_brown_fox")
     loud = np.flatnonzero(np.abs(hello) > 0.02)

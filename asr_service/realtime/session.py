@@ -31,7 +31,7 @@ from ..chunking import split_audio
 from ..transcription import Transcriber
 from ..transcription_types import TranscriptionOptions
 from .input_audio import InputFormat
-from .stable_text import agreed, continuation, extension
+from .stable_text import agreed, before_loop, continuation, extension
 from ..pcm import SAMPLE_RATE
 from .turn_detection import TurnDetectionSettings, TurnDetector
 
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 MIN_COMMIT_SECONDS = 0.1  # OpenAI's rule: a commit needs at least 100 ms of audio
 MIN_PARTIAL_SECONDS = 0.8  # shorter audio gives too little for a partial decode to agree on
 MAX_UTTERANCE_SECONDS = 30.0  # Whisper's window
-SPECULATE_AFTER_MS = 200  # a pause this long (or half the VAD's silence, if less) starts the final decode
+SPECULATE_AFTER_MS = 100  # a pause this long (or half the VAD's silence, if less) starts the final decode
 
 
 def partial_token_budget(seconds: float) -> int:
@@ -395,10 +395,15 @@ class RealtimeSession:
                           fallback_temperatures=(), max_new_tokens=budget, name_language_of_silence=False,
                           audio_sized_encoder=self.transcriber.engine.audio_sized_encoder)
         result = await self.transcriber.transcribe(audio, options, live=True)
-        usable = result.detection_failure is None and result.finish_reason != "length"  # not cut by the budget
-        latest = (result.language, result.text if usable else "")
-        log.debug("partial decode of %s at %.1f s: %r (usable: %s)", utterance.item_id, audio.shape[0] / SAMPLE_RATE,
-                  result.text, usable)
+        if result.detection_failure is not None:
+            text = ""
+        elif result.finish_reason == "length":  # cut by the budget: looping
+            text = before_loop(result.text, self.transcriber.adapter.joiner(result.language))
+        else:
+            text = result.text
+        latest = (result.language, text)
+        log.debug("partial decode of %s at %.1f s: %r (used: %r)", utterance.item_id, audio.shape[0] / SAMPLE_RATE,
+                  result.text, text)
         if utterance.previous is not None and utterance.previous[0] == latest[0] and latest[1]:
             joiner = self.transcriber.adapter.joiner(latest[0])
             stable = agreed(utterance.previous[1], latest[1], joiner)

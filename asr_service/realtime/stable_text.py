@@ -30,6 +30,25 @@ def _same_words(a: list[str], b: list[str]) -> int:
     return n
 
 
+MAX_LOOP_PERIOD = 4  # units
+
+
+def before_loop(text: str, joiner: str) -> str:
+    """A decode cut by its token budget is looping on audio cut mid-word ("7, 8, 7, 8, 7, ..."):
+    its text up to the loop's first turn, which later decodes may agree with; "" when the
+    repetition has no short period (nothing there to trust)."""
+    found = units(text, joiner)
+    letters = [_letters(u) for u in found]
+    for period in range(1, MAX_LOOP_PERIOD + 1):
+        repeated = 0  # trailing units that repeat the unit a period before them
+        while (repeated < len(found) - period
+               and letters[-1 - repeated] == letters[-1 - repeated - period]):
+            repeated += 1
+        if repeated >= 2 * period:  # the pattern came at least three times
+            return joiner.join(found[: len(found) - repeated])
+    return ""
+
+
 def agreed(previous: str, latest: str, joiner: str) -> list[str]:
     """The units both decodes start with, as the latest spells them."""
     b = units(latest, joiner)
