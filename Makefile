@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long bench-stream bench-diarization bench-page speech-tools clean
+.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long bench-stream bench-diarization bench-page bench-realtime speech-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,13 @@ bench-page: $(BENCH_STAMP) $(CHROMEDRIVER) speech-tools
 
 bench-quick: $(BENCH_STAMP) speech-tools
 	$(BIN)/python -m bench --quick
+
+# Realtime: where one session's time goes, latency and WER through a live server (also under
+# file load), and the first words on the page's live line in headless Chromium.
+bench-realtime: $(BENCH_STAMP) $(CHROMEDRIVER)
+	$(BIN)/python -m bench.realtime_breakdown
+	$(BIN)/python -m bench.realtime_latency --load
+	$(BIN)/python -m bench.page_live
 
 # The long-form workload (support/dialogue.py) is synthesized with Debian's Festival voices and
 # espeak-ng: installed once with apt-get when running as root, as CI does; otherwise the tests

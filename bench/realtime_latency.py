@@ -9,6 +9,7 @@ Real speech (the pytest-audioeval clips) is streamed in 100 ms frames at real-ti
   plus the final decode.
 - manual commit (turn_detection null): from sending the commit to the completed event: the
   final decode alone.
+- WER against the clip's reference of both completed texts and of the same clip sent as a file.
 And once, ~10 s of speech with no pause: when the first delta arrives after speech starts.
 With --load, that utterance is also streamed by 4 sessions at once (0.5 s apart, twice) while
 8 clients send files to the same server without pause: the first delta's median and 90th
@@ -28,11 +29,13 @@ import statistics
 import time
 
 import httpx
+import jiwer
 import numpy as np
 import soundfile as sf
 import websockets
 
-from support.clips import all_clips, load_clip
+from support.clips import all_clips, load_clip, reference
+from support.textnorm import normalize
 from .report import RESULTS
 from support.server_process import ServerProcess
 
@@ -85,25 +88,49 @@ COMPLETED = "conversation.item.input_audio_transcription.completed"
 
 
 async def vad_delay(url: str, speech: np.ndarray) -> tuple[float, str]:
+    """Seconds from the end of speech to the (last) completed event, and every utterance's text."""
     ws = await open_session(url, {"type": "server_vad", "silence_duration_ms": SILENCE_MS})
     audio = np.concatenate([np.zeros(8000, np.float32), speech, np.zeros(24000, np.float32)])
     times: dict[str, float] = {}
     sender = asyncio.create_task(stream(ws, audio, {8000 + last_loud_sample(speech): "speech_end"}, times))
-    event = await wait_for(ws, COMPLETED, times)
+    texts = [(await wait_for(ws, COMPLETED, times))["transcript"]]
     await sender
+    try:  # the VAD may have cut the clip into more than one utterance
+        while True:
+            event = json.loads(await asyncio.wait_for(ws.recv(), 2.0))
+            if event["type"] == COMPLETED:
+                times[COMPLETED] = time.monotonic()
+                texts.append(event["transcript"])
+    except TimeoutError:
+        pass
     await ws.close()
-    return times[COMPLETED] - times["speech_end"], event["transcript"]
+    return times[COMPLETED] - times["speech_end"], " ".join(texts)
 
 
-async def commit_delay(url: str, speech: np.ndarray) -> float:
+async def commit_delay(url: str, speech: np.ndarray) -> tuple[float, str]:
     ws = await open_session(url, None)
     times: dict[str, float] = {}
     await stream(ws, speech, {}, times)
     await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
     start = time.monotonic()
-    await wait_for(ws, COMPLETED, times)
+    event = await wait_for(ws, COMPLETED, times)
     await ws.close()
-    return times[COMPLETED] - start
+    return times[COMPLETED] - start, event["transcript"]
+
+
+def wav_bytes(audio: np.ndarray) -> bytes:
+    """The same PCM16 samples the realtime sessions get (pcm16), as a WAV file."""
+    wav = io.BytesIO()
+    sf.write(wav, np.frombuffer(pcm16(audio), dtype="<i2"), 16000, format="WAV", subtype="PCM_16")
+    return wav.getvalue()
+
+
+def word_error_rate(lang: str, name: str, text: str) -> float:
+    """WER after the test suite's normaliser; characters for languages written without spaces."""
+    ref, hyp = normalize(reference(lang, name)), normalize(text)
+    if lang in ("ja", "zh"):
+        ref, hyp = " ".join(ref.replace(" ", "")), " ".join(hyp.replace(" ", ""))
+    return jiwer.wer(ref, hyp) if ref else float(bool(hyp))
 
 
 def long_utterance() -> np.ndarray:
@@ -140,10 +167,7 @@ SESSIONS_UNDER_LOAD, FILE_CLIENTS, LOAD_ROUNDS = 4, 8, 2
 
 async def under_load(url: str, http_url: str) -> dict:
     """First deltas of SESSIONS_UNDER_LOAD sessions at once while FILE_CLIENTS send files."""
-    wav = io.BytesIO()
-    sf.write(wav, np.concatenate([load_clip("en", n) for n in ("counting", "quick_brown_fox", "hello_world")] * 3),
-             16000, format="WAV")
-    body = wav.getvalue()
+    body = wav_bytes(np.concatenate([load_clip("en", n) for n in ("counting", "quick_brown_fox", "hello_world")] * 3))
     stop, files = asyncio.Event(), {"ok": 0, "failed": 0}
 
     async def file_client(client: httpx.AsyncClient) -> None:
@@ -176,16 +200,24 @@ async def under_load(url: str, http_url: str) -> dict:
             "file_requests": files}
 
 
-async def run(url: str, clips: list[tuple[str, str]]) -> dict:
+async def run(url: str, http_url: str, clips: list[tuple[str, str]]) -> dict:
     per_clip = []
     for lang, name in clips:
         speech = load_clip(lang, name)
         vad, text = await vad_delay(url, speech)
-        commit = await commit_delay(url, speech)
+        commit, committed_text = await commit_delay(url, speech)
+        async with httpx.AsyncClient() as client:
+            as_file = (await client.post(http_url + "/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(speech))},
+                                         data={"model": "whisper-1"}, timeout=120)).json()["text"]
         per_clip.append({"clip": f"{lang}/{name}", "seconds": round(len(speech) / 16000, 2),
                          "speech_end_to_completed_s": round(vad, 3), "commit_to_completed_s": round(commit, 3),
-                         "transcript": text})
-        print(f"  {lang}/{name:16s} VAD: {vad:.2f} s  commit: {commit:.2f} s  {text!r}", flush=True)
+                         "transcript": text, "committed_transcript": committed_text, "file_transcript": as_file,
+                         "wer": {"vad": word_error_rate(lang, name, text),
+                                 "commit": word_error_rate(lang, name, committed_text),
+                                 "file": word_error_rate(lang, name, as_file)}})
+        print(f"  {lang}/{name:16s} VAD: {vad:.2f} s  commit: {commit:.2f} s  {text!r}  WER vad/commit/file "
+              f"{per_clip[-1]['wer']['vad']:.2f}/{per_clip[-1]['wer']['commit']:.2f}/{per_clip[-1]['wer']['file']:.2f}",
+              flush=True)
     long = await first_delta(url)
     print(f"  10 s utterance: first delta {long['first_delta_after_speech_start_s']} s after speech start, "
           f"completed {long['completed_after_speech_end_s']} s after speech end", flush=True)
@@ -194,7 +226,10 @@ async def run(url: str, clips: list[tuple[str, str]]) -> dict:
         values = sorted(c[key] for c in per_clip)
         return {"median": round(statistics.median(values), 3), "max": round(values[-1], 3)}
 
-    return {"silence_duration_ms": SILENCE_MS, "speech_end_to_completed_s": summary("speech_end_to_completed_s"),
+    wer = {kind: round(statistics.mean(c["wer"][kind] for c in per_clip), 4) for kind in ("vad", "commit", "file")}
+    same = sum(c["committed_transcript"] == c["file_transcript"] for c in per_clip)
+    return {"silence_duration_ms": SILENCE_MS, "mean_wer": wer, "committed_text_is_the_file_text": f"{same}/{len(per_clip)}",
+            "speech_end_to_completed_s": summary("speech_end_to_completed_s"),
             "commit_to_completed_s": summary("commit_to_completed_s"), "long_utterance": long, "clips": per_clip}
 
 
@@ -214,7 +249,7 @@ def main() -> None:
     try:
         server.wait_ready()
         ws_url = server.url.replace("http://", "ws://") + "/v1/realtime"
-        results = asyncio.run(run(ws_url, order[: args.clips]))
+        results = asyncio.run(run(ws_url, server.url, order[: args.clips]))
         if args.load:
             results["under_load"] = asyncio.run(under_load(ws_url, server.url))
             print(f"under load: {results['under_load']}", flush=True)
@@ -223,7 +258,8 @@ def main() -> None:
     results.update(date=dt.datetime.now().isoformat(timespec="seconds"), threads=args.threads, quantize=args.quantize)
     out = RESULTS / f"realtime-{dt.date.today().isoformat()}{'-' + args.quantize if args.quantize else ''}.json"
     out.write_text(json.dumps(results, indent=2, ensure_ascii=False))
-    print(f"VAD end of speech -> completed: {results['speech_end_to_completed_s']}; "
+    print(f"mean WER (realtime VAD / realtime commit / file): {results['mean_wer']}; "
+          f"VAD end of speech -> completed: {results['speech_end_to_completed_s']}; "
           f"commit -> completed: {results['commit_to_completed_s']}; written to {out}")
 
 
