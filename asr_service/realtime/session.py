@@ -12,7 +12,7 @@ event carries the true text (the page puts it in the preview's place).
 Every decode goes through the Transcriber, so the fused language prefix is parsed before any
 text is used, windows the speech gate hears nothing in give no text, and cancelling the
 worker (a client that went away) frees the engine slots. Every decode is live: the engine
-admits it ahead of file work, so a busy server still shows the words while they are spoken.
+admits it ahead of file work waiting for a slot.
 """
 
 from __future__ import annotations
