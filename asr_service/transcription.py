@@ -9,8 +9,8 @@ released sooner, and the concatenated ChunkDone texts are the result's text by c
 the rest of it is still scanned for speech), so they decode concurrently in the engine's batch
 (one after another when each is conditioned on the text before it); results keep their true
 time offsets. Each window's decodes carry the time it was planned as their priority in the
-engine (engine.interface): a window's continuations and retries go ahead of later windows, so
-windows end in order; and a long file's first window is short and decodes alone
+engine (engine.params.Priority; a realtime session's are live, ahead of all file work): a
+window's continuations and retries go ahead of later windows, so windows end in order; and a long file's first window is short and decodes alone
 (FIRST_WINDOW_S), so its first text comes early while the later windows still share the batch.
 
 A window is final once its decode (window_decode.WindowDecode: fallback, seek, cuts) is done
@@ -35,7 +35,7 @@ from . import two_stage
 from .chunking import AudioChunk, SpeechWindowPacker, split_audio
 from .engine.features import HOP_LENGTH
 from .engine.interface import Engine
-from .engine.params import UnsupportedDecode
+from .engine.params import Priority, UnsupportedDecode
 from .fallback import compression_ratio
 from .language_vote import is_outlier, vote
 from .speech_gate import SpeechGate, SpeechScan
@@ -55,11 +55,6 @@ PROMPT_RESET_TEMPERATURE = 0.5
 # and the first window's steps unshared.
 FIRST_WINDOW_AFTER_WINDOWS = 2
 FIRST_WINDOW_S = 10.0
-
-# A live decode (realtime: a person waits for the words as they speak) counts as planned this
-# much earlier than now, so the engine admits its windows ahead of every file window queued
-# (priorities are planning times, oldest first), and among live decodes the oldest still first.
-LIVE_LEAD_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -89,7 +84,7 @@ async def _listed(windows: list[AudioChunk]) -> AsyncIterator[AudioChunk]:
 @dataclass(frozen=True)
 class _PlannedWindow:
     window: AudioChunk
-    priority: float  # when it was planned (engine.interface)
+    priority: Priority  # when it was planned, and whether live (engine.params.Priority)
     job: asyncio.Future | None  # -> WindowOutcome; None: started when the text before it is known
 
 
@@ -115,10 +110,10 @@ class Transcriber:
                   live: bool = False) -> AsyncIterator[PipelineEvent]:
         """The events of one request, in window order (see the module docstring). Closing the
         generator early cancels every decode still running. ``live``: someone watches the text
-        as they speak (a realtime session): its windows go ahead of all file work (LIVE_LEAD_S)."""
+        as they speak (a realtime session): its windows go ahead of all file work."""
 
-        def planned_at() -> float:  # the window's priority in the engine's queue
-            return time.monotonic() - (LIVE_LEAD_S if live else 0.0)
+        def planned_at() -> Priority:  # the window's place in the engine's queue
+            return Priority(time.monotonic(), live)
 
         options = self._for_model(options)
         plan = await self.plan(audio, options)
@@ -232,7 +227,7 @@ class Transcriber:
                 yield window
 
     # ---- one chunk ----
-    def _start(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None, priority: float,
+    def _start(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None, priority: Priority,
                on_chunk_done: Callable[[AudioChunk], None] | None) -> asyncio.Future:
         """The window's decode, started: a future of its WindowOutcome."""
         async def work() -> WindowOutcome:
@@ -259,7 +254,7 @@ class Transcriber:
         return vote([(o.language_probs, o.chunk.duration) for o in speech], options.language)
 
     async def _settled(self, earlier: list[WindowOutcome], outcome: WindowOutcome, options: TranscriptionOptions,
-                       audio: np.ndarray, previous_text: str | None, priority: float) -> WindowOutcome:
+                       audio: np.ndarray, previous_text: str | None, priority: Priority) -> WindowOutcome:
         """The window with its language settled from what is known when it is final: the vote
         of this window and the windows before it, never a later one (so its text is final once
         released). A window whose detection is an outlier of that vote is decoded again in the

@@ -7,7 +7,7 @@ windows and assembles the result). Its ``run`` gives the window's final WindowOu
 - continued where its text stopped before the speech in it ended (the seek);
 - cut and decoded again in parts where it could not be kept whole across the long pauses the
   window leaves out (cuts).
-Every engine decode of the window carries the window's ``priority`` (engine.interface): its
+Every engine decode of the window carries the window's ``priority`` (engine.params.Priority): its
 continuations and retries are admitted ahead of later windows, so a request's windows end
 in order and a stream's first text comes early.
 
@@ -27,7 +27,7 @@ from adapters.base import ParsedOutput, TranscriptionAdapter
 from . import two_stage
 from .chunking import AudioChunk
 from .engine.interface import Engine
-from .engine.params import DecodeParams, SequenceResult, raise_if_failed
+from .engine.params import DecodeParams, Priority, SequenceResult, raise_if_failed
 from .fallback import DecodeFigures, compression_ratio, is_silent, needs_fallback, pick_best
 from .speech_gate import SpeechGate
 from .transcription_types import TokenLogprob, TranscriptionOptions
@@ -169,7 +169,7 @@ class WindowDecode:
     """The decode of one window under ``options``, conditioned on ``previous_text`` (the text
     before the window, when the request conditions on it); ``priority``: see the module."""
 
-    def __init__(self, parts: DecodeParts, options: TranscriptionOptions, previous_text: str | None, priority: float):
+    def __init__(self, parts: DecodeParts, options: TranscriptionOptions, previous_text: str | None, priority: Priority):
         self.parts = parts
         self.engine, self.adapter, self.gate = parts.engine, parts.adapter, parts.gate
         self.options = options

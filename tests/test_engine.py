@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from asr_service.engine.params import DecodeFailed, raise_if_failed
+from asr_service.engine.params import DecodeFailed, Priority, raise_if_failed
 from asr_service.engine.stream import SequenceStream
 from asr_service.transcription_types import TranscriptionOptions
 from support.clips import load_clip, reference
@@ -144,16 +144,17 @@ async def test_waiting_sequences_are_admitted_oldest_work_first(runtime):
         first = asyncio.ensure_future(decode("busy", "counting"))
         await asyncio.sleep(0.2)  # admitted: the one slot is taken
         now = time.monotonic()
-        await asyncio.gather(first, decode("later window", "hello_world", now),
-                             decode("no priority", "hello_world"), decode("older window", "hello_world", now - 60))
+        await asyncio.gather(first, decode("later window", "hello_world", Priority(now)),
+                             decode("no priority", "hello_world"), decode("older window", "hello_world", Priority(now - 60)))
         assert ended == ["busy", "older window", "later window", "no priority"]
     finally:
         single.shutdown()
 
 
-async def test_a_live_decode_goes_ahead_of_file_work_already_waiting(runtime):
-    """A realtime session's decode (live) is admitted before file windows queued before it,
-    so a busy server still shows words while they are spoken. One slot, as above."""
+async def test_a_live_decode_starts_at_once_however_full_the_engine_is(runtime):
+    """A realtime session's decode (live) goes ahead of file windows queued before it, and into
+    the engine's live reserve when every slot is taken: with one slot busy and a file window
+    waiting for it, the live decode starts at once and ends first."""
     from asr_service.engine.batch_engine import BatchEngine
     from asr_service.transcription import Transcriber
 
@@ -171,7 +172,7 @@ async def test_a_live_decode_goes_ahead_of_file_work_already_waiting(runtime):
         queued = asyncio.ensure_future(transcribe("file", "hello_world"))
         await asyncio.sleep(0.05)  # queued behind it
         await asyncio.gather(busy, queued, transcribe("live", "hello_world", live=True))
-        assert ended == ["busy", "live", "file"]
+        assert ended == ["live", "busy", "file"]
     finally:
         single.shutdown()
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from asr_service.chunking import AudioChunk
+from asr_service.engine.params import Priority
 from asr_service.fallback import QualityThresholds
 from asr_service.transcription import Transcriber
 from asr_service.transcription_types import Finished, TranscriptionOptions
@@ -421,7 +422,7 @@ async def greedy_and_beam(runtime):
     for beams in (1, 5):
         options = TranscriptionOptions(beam_size=beams, fallback_temperatures=())
         params = decode_params(t.adapter, options)
-        decode = WindowDecode(t.parts, options, None, priority=0.0)
+        decode = WindowDecode(t.parts, options, None, priority=Priority(0.0))
         out[beams] = await asyncio.gather(*(decode._decode(AudioChunk(0, load_clip(*c), 16000), params) for c in clips))
     return clips, out[1], out[5]
 

@@ -60,7 +60,7 @@ async def run_warmup(adapter: TranscriptionAdapter, engine: Engine) -> WarmupRep
         log.info("warmup %s: grammar ready, warm decode in %.2fs", name, report.step_seconds[name])
     if engine.audio_sized_encoder:  # realtime previews' encoder (the silent window it splices in)
         t = time.perf_counter()
-        params = replace(adapter.build_fused_autodetect_params(), audio_sized_encoder=True)
+        params = replace(adapter.build_prompt(adapter.supported_languages[0]), audio_sized_encoder=True)
         await engine.submit(silence, params).collect()
         report.step_seconds["audio-sized encoder"] = round(time.perf_counter() - t, 3)
     report.total_seconds = round(time.perf_counter() - start, 3)

@@ -36,7 +36,7 @@ from .features import CHUNK_SECONDS, N_FRAMES, log_mel_spectrogram
 from .interface import EngineFigures
 from .logits import GrammarMask, apply_penalties, apply_whisper_rules, choose_tokens
 from .model import SharedAudio, Whisper
-from .params import DecodeParams, StepEvent, UnsupportedDecode
+from .params import DecodeParams, Priority, StepEvent, UnsupportedDecode
 from .phase_clock import PhaseClock
 from .sequence import DecodingSequence
 from .slot_cache import SlotCache
@@ -48,6 +48,11 @@ SELF_ATTENTION_BLOCK = 64  # positions (see _forward)
 # An audio-sized encoding (DecodeParams.audio_sized_encoder) reads this much silence after the
 # audio too, so the speech's last frames see the silence that follows them in a whole window.
 AUDIO_SIZED_MARGIN_S = 1.0
+# Slots only live work (params.Priority) may take beyond max_batch_size and max_audio_windows, so
+# a realtime decode starts at the next step however full the engine is: two windows, each with
+# a final decode's five beams.
+LIVE_RESERVE_WINDOWS = 2
+LIVE_RESERVE_ROWS = 10
 
 
 class BatchEngine:
@@ -80,18 +85,18 @@ class BatchEngine:
         self.threads = threads or torch.get_num_threads()
         torch.set_num_threads(self.threads)
         self._running_threads: int | None = None  # the engine thread's count, read at each admission
-        # Waiting sequences, a heap by (priority, submission): the oldest work is admitted first.
-        self._pending: list[tuple[float, int, DecodingSequence]] = []
+        # Waiting sequences, a heap by (Priority.rank, submission): live work first, then the oldest.
+        self._pending: list[tuple[tuple[int, float], int, Priority, DecodingSequence]] = []
         self._submissions = itertools.count()
         self._active: list[DecodingSequence] = []  # row i of the caches is _active[i]
         self._audio_readers: list[int] = []  # audio slot i of the caches is read by this many rows
         self._wake = threading.Condition()
         self._stopping = False
-        self._slots = SlotCache(self.dims, max_batch_size, self.max_audio_windows, self.device, self.dtype,
-                                model.audio_cache_dtype or self.dtype)
+        self._slots = SlotCache(self.dims, max_batch_size + LIVE_RESERVE_ROWS, self.max_audio_windows + LIVE_RESERVE_WINDOWS,
+                                self.device, self.dtype, model.audio_cache_dtype or self.dtype)
         self._encoder = EncoderCache(self._encode_windows)
         self._silent_window: torch.Tensor | None = None  # encoder output of a silent window, once needed
-        self._grammar_mask = GrammarMask(max_batch_size, self.dims.n_vocab)
+        self._grammar_mask = GrammarMask(max_batch_size + LIVE_RESERVE_ROWS, self.dims.n_vocab)
         self.steps = 0  # decode steps run
         self.tokens_total = 0  # tokens decoded (one per active sequence per step)
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # steps run at each batch size
@@ -110,15 +115,15 @@ class BatchEngine:
             return UnsupportedDecode(f"{params.beam_size} beams exceed the engine's {self.max_batch_size} slots", "n")
         return None
 
-    def submit(self, audio: np.ndarray, params: DecodeParams, priority: float | None = None) -> SequenceStream:
+    def submit(self, audio: np.ndarray, params: DecodeParams, priority: Priority | None = None) -> SequenceStream:
         problem = self.refusal(params)
         if problem is not None:
             raise problem
         stream = SequenceStream(asyncio.get_running_loop())
         self.submitted_total += 1
         with self._wake:
-            entry = (time.monotonic() if priority is None else priority, next(self._submissions),
-                     DecodingSequence(params, audio, stream))
+            priority = priority or Priority(time.monotonic())
+            entry = (priority.rank, next(self._submissions), priority, DecodingSequence(params, audio, stream))
             heapq.heappush(self._pending, entry)
             self._wake.notify()
         return stream
@@ -137,7 +142,7 @@ class BatchEngine:
     @property
     def audio_window_capacity(self) -> int:
         """Audio windows the caches have room for now (they grow with the load, never past
-        max_audio_windows)."""
+        max_audio_windows but for live work's reserve)."""
         return self._slots.audios
 
     def shutdown(self) -> None:
@@ -164,7 +169,7 @@ class BatchEngine:
             except Exception as e:
                 log.exception("engine loop failed; restarting it")
                 self._fail_active(e)
-        for seq in [seq for _, _, seq in self._pending] + self._active:
+        for seq in [seq for *_, seq in self._pending] + self._active:
             self._finish(seq, "cancelled")
 
     def _serve(self) -> None:
@@ -202,10 +207,13 @@ class BatchEngine:
                 return None
             admitted: list[DecodingSequence] = []
             windows = 0
-            while (self._pending and windows < self.max_encode_batch
-                   and len(self._audio_readers) + windows < self.max_audio_windows
-                   and len(self._active) + len(admitted) + self._pending[0][2].slots_needed <= self.max_batch_size):
-                seq = heapq.heappop(self._pending)[2]
+            while self._pending and windows < self.max_encode_batch:
+                _, _, priority, head = self._pending[0]
+                reserve_windows, reserve_rows = (LIVE_RESERVE_WINDOWS, LIVE_RESERVE_ROWS) if priority.live else (0, 0)
+                if (len(self._audio_readers) + windows >= self.max_audio_windows + reserve_windows
+                        or len(self._active) + len(admitted) + head.slots_needed > self.max_batch_size + reserve_rows):
+                    break
+                seq = heapq.heappop(self._pending)[3]
                 if seq.stream.cancelled.is_set():
                     self._finish(seq, "cancelled")
                 else:

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .params import DecodeParams, UnsupportedDecode
+from .params import DecodeParams, Priority, UnsupportedDecode
 from .stream import SequenceStream
 
 
@@ -52,12 +52,10 @@ class Engine(Protocol):
     # nor queues all of them ahead of the requests that come after it.
     max_request_windows: int
 
-    def submit(self, audio: np.ndarray, params: DecodeParams, priority: float | None = None) -> SequenceStream:
+    def submit(self, audio: np.ndarray, params: DecodeParams, priority: Priority | None = None) -> SequenceStream:
         """Start decoding one sequence over one audio window (call from the event loop).
-        Raises UnsupportedDecode for what ``refusal`` refuses. ``priority``: when the work it
-        belongs to arrived (time.monotonic(); None: now). Waiting sequences are admitted oldest
-        first, so a window's continuations and retries go ahead of the windows planned after
-        it, its request's and others' alike."""
+        Raises UnsupportedDecode for what ``refusal`` refuses. ``priority`` (None: file work
+        planned now) orders the waiting sequences (params.Priority)."""
 
     def refusal(self, params: DecodeParams) -> UnsupportedDecode | None:
         """Why this engine cannot decode ``params`` (None: it can). Cheap: checked before any

@@ -35,7 +35,7 @@ import httpx
 import numpy as np
 
 from ..interface import EngineFigures
-from ..params import CanaryDecode, DecodeParams, StepEvent, UnsupportedDecode
+from ..params import CanaryDecode, DecodeParams, Priority, StepEvent, UnsupportedDecode
 from ..stream import SequenceStream
 from . import wire
 from .backends import Backend, BackendPool
@@ -104,7 +104,7 @@ class SGLangEngine:
     def _carriers_for(self, params: DecodeParams) -> frozenset[Carrier]:
         return frozenset(c for c in Carrier if wire.carries(c, params, self.decoder_start_id))
 
-    def submit(self, audio: np.ndarray, params: DecodeParams, priority: float | None = None) -> SequenceStream:
+    def submit(self, audio: np.ndarray, params: DecodeParams, priority: Priority | None = None) -> SequenceStream:
         # ``priority`` is not sent: each SGLang server schedules its own queue, and a request's
         # windows reach it in order.
         problem = self.refusal(params)
