@@ -152,9 +152,9 @@ async def test_waiting_sequences_are_admitted_oldest_work_first(runtime):
 
 
 async def test_a_live_decode_starts_at_once_however_full_the_engine_is(runtime):
-    """A realtime session's decode (live) goes ahead of file windows queued before it, and into
-    the engine's live reserve when every slot is taken: with one slot busy and a file window
-    waiting for it, the live decode starts at once and ends first."""
+    """A realtime session's decode (live) goes ahead of file windows queued before it, in the
+    engine's live lane: with the one bulk row busy and a file window waiting for it, the live
+    decode starts at once and ends first."""
     from asr_service.engine.batch_engine import BatchEngine
     from asr_service.transcription import Transcriber
 
@@ -175,6 +175,50 @@ async def test_a_live_decode_starts_at_once_however_full_the_engine_is(runtime):
         assert ended == ["live", "busy", "file"]
     finally:
         single.shutdown()
+
+
+async def bulk_tokens_during_a_live_decode(engine, adapter, bulk_turn_s: float, monkeypatch) -> tuple[int, int]:
+    """A long file decode (sampling on noise) running; a live decode of the same kind submitted
+    beside it: (tokens the file decode got while the live one ran, tokens the live one made)."""
+    from asr_service.engine import batch_engine
+
+    monkeypatch.setattr(batch_engine, "BULK_TURN_S", bulk_turn_s)
+    noise = (0.1 * np.random.default_rng(0).standard_normal(16000 * 20)).astype(np.float32)
+    params = replace(adapter.build_fused_autodetect_params(), temperature=1.0, seed=7, max_new_tokens=200)
+    bulk = engine.submit(noise, params)
+    live = asyncio.get_running_loop().create_future()
+    bulk_tokens = 0
+
+    async def count():
+        nonlocal bulk_tokens
+        async for _ in bulk:
+            bulk_tokens += 1
+            if bulk_tokens == 3:  # the file decode is stepping: start the live one
+                live.set_result(engine.submit(noise, params, Priority(time.monotonic(), live=True)))
+
+    counter = asyncio.ensure_future(count())
+    result = await (await live).collect()
+    gained = bulk_tokens - 3
+    bulk.cancel()
+    await counter
+    return gained, len(result.token_ids)
+
+
+async def test_live_rows_step_apart_from_file_rows(runtime, monkeypatch):
+    """While a live decode runs, the file rows beside it do not step with it (the live lane
+    steps alone) until the bulk lane's turn comes: with that turn an hour away, a long live
+    decode ends while the file decode gains at most the token of the step it was admitted in."""
+    gained, live_tokens = await bulk_tokens_during_a_live_decode(runtime.engine, runtime.adapter, 3600.0, monkeypatch)
+    assert live_tokens >= 20
+    assert gained <= 1
+
+
+async def test_file_decodes_still_step_while_live_work_runs(runtime, monkeypatch):
+    """The bulk lane's turn: a file decode keeps moving beside live work that never pauses
+    (a turn every 0.2 s here, over a live decode of at least 20 steps)."""
+    gained, live_tokens = await bulk_tokens_during_a_live_decode(runtime.engine, runtime.adapter, 0.2, monkeypatch)
+    assert live_tokens >= 20
+    assert gained >= 3
 
 
 async def test_the_engine_keeps_its_thread_count_whatever_other_threads_set(runtime):
@@ -358,7 +402,7 @@ async def test_a_row_left_with_nan_by_its_last_sequence_does_not_poison_the_next
     audio = load_clip("en", "hello_world")
     assert (await runtime.transcriber.transcribe(audio, TranscriptionOptions())).text == "Hello world."
     with torch.inference_mode():
-        for k, v in runtime.engine._slots.self_kv:
+        for k, v in runtime.engine._bulk.slots.self_kv:
             k[:, :, 40:] = float("nan")
             v[:, :, 40:] = float("nan")
     assert (await runtime.transcriber.transcribe(audio, TranscriptionOptions())).text == "Hello world."
@@ -369,11 +413,11 @@ async def test_an_exception_in_a_step_fails_that_steps_decodes_and_the_engine_se
     armed = threading.Event()
     real_step = engine._step
 
-    def faulty_step():
+    def faulty_step(lane):
         if armed.is_set():
             armed.clear()
             raise RuntimeError("injected fault")
-        real_step()
+        real_step(lane)
 
     monkeypatch.setattr(engine, "_step", faulty_step)
     stream = await after_three_tokens_of_a_long_decode(runtime, lambda _: armed.set())

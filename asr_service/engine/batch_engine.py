@@ -3,8 +3,14 @@
 Continuous batching on torch: new sequences are admitted between steps (up to
 ``max_encode_batch`` encoder windows at a time, their cross-attention K/V computed once into an
 audio slot of the SlotCache, which the beams of one search share), and every step advances all
-active sequences by one token through the logits pipeline (probe, grammar mask, Whisper rules,
-token choice).
+active sequences of a lane by one token through the logits pipeline (probe, grammar mask,
+Whisper rules, token choice).
+
+Two lanes (engine/lane.py): live work (realtime) and bulk work (files), each with its own
+caches and queue. The live lane steps whenever it has rows, on its own, so a preview's tokens
+cost what a few rows cost rather than a full batch of file windows; the bulk lane steps and
+admits whenever the live lane is idle, and at least every BULK_TURN_S while it is not, so a
+busy realtime load slows file requests but never stalls them.
 
 Callers live on an asyncio loop; the model runs on a worker thread (torch releases the GIL
 inside kernels) and hands events back through each sequence's SequenceStream.
@@ -18,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import heapq
 import itertools
 import logging
 import math
@@ -28,18 +33,17 @@ import time
 import numpy as np
 import torch
 
-from ..heap import return_freed_memory
 from ..pcm import SAMPLE_RATE
 from .beam_search import BeamGroup
 from .encoder_cache import EncoderCache
 from .features import CHUNK_SECONDS, N_FRAMES, log_mel_spectrogram
 from .interface import EngineFigures
-from .logits import GrammarMask, apply_penalties, apply_whisper_rules, choose_tokens
-from .model import SharedAudio, Whisper
+from .lane import Lane
+from .logits import apply_penalties, apply_whisper_rules, choose_tokens
+from .model import Whisper
 from .params import DecodeParams, Priority, StepEvent, UnsupportedDecode
 from .phase_clock import PhaseClock
 from .sequence import DecodingSequence
-from .slot_cache import SlotCache
 from .stream import SequenceStream
 
 log = logging.getLogger(__name__)
@@ -48,11 +52,11 @@ SELF_ATTENTION_BLOCK = 64  # positions (see _forward)
 # An audio-sized encoding (DecodeParams.audio_sized_encoder) reads this much silence after the
 # audio too, so the speech's last frames see the silence that follows them in a whole window.
 AUDIO_SIZED_MARGIN_S = 1.0
-# Slots only live work (params.Priority) may take beyond max_batch_size and max_audio_windows, so
-# a realtime decode starts at the next step however full the engine is: two windows, each with
-# a final decode's five beams.
-LIVE_RESERVE_WINDOWS = 2
-LIVE_RESERVE_ROWS = 10
+# The live lane's audio windows: one decode each for a handful of realtime sessions at once
+# (each session has one decode in flight); its rows are max_batch_size, so any search fits.
+LIVE_WINDOWS = 4
+# While live work decodes, bulk work still gets a turn (an admission and a step) this often.
+BULK_TURN_S = 1.0
 
 
 class BatchEngine:
@@ -85,18 +89,17 @@ class BatchEngine:
         self.threads = threads or torch.get_num_threads()
         torch.set_num_threads(self.threads)
         self._running_threads: int | None = None  # the engine thread's count, read at each admission
-        # Waiting sequences, a heap by (Priority.rank, submission): live work first, then the oldest.
-        self._pending: list[tuple[tuple[int, float], int, Priority, DecodingSequence]] = []
         self._submissions = itertools.count()
-        self._active: list[DecodingSequence] = []  # row i of the caches is _active[i]
-        self._audio_readers: list[int] = []  # audio slot i of the caches is read by this many rows
+        audio_dtype = model.audio_cache_dtype or self.dtype
+        self._live = Lane("live", self.dims, max_batch_size, LIVE_WINDOWS, self.device, self.dtype, audio_dtype)
+        self._bulk = Lane("bulk", self.dims, max_batch_size, self.max_audio_windows, self.device, self.dtype,
+                          audio_dtype)
+        self._lanes = (self._live, self._bulk)
+        self._bulk_turn_at = 0.0  # time.monotonic() of the bulk lane's last turn
         self._wake = threading.Condition()
         self._stopping = False
-        self._slots = SlotCache(self.dims, max_batch_size + LIVE_RESERVE_ROWS, self.max_audio_windows + LIVE_RESERVE_WINDOWS,
-                                self.device, self.dtype, model.audio_cache_dtype or self.dtype)
         self._encoder = EncoderCache(self._encode_windows)
         self._silent_window: torch.Tensor | None = None  # encoder output of a silent window, once needed
-        self._grammar_mask = GrammarMask(max_batch_size + LIVE_RESERVE_ROWS, self.dims.n_vocab)
         self.steps = 0  # decode steps run
         self.tokens_total = 0  # tokens decoded (one per active sequence per step)
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # steps run at each batch size
@@ -123,13 +126,14 @@ class BatchEngine:
         self.submitted_total += 1
         with self._wake:
             priority = priority or Priority(time.monotonic())
-            entry = (priority.rank, next(self._submissions), priority, DecodingSequence(params, audio, stream))
-            heapq.heappush(self._pending, entry)
+            lane = self._live if priority.live else self._bulk
+            lane.push(priority.planned_at, next(self._submissions), DecodingSequence(params, audio, stream))
             self._wake.notify()
         return stream
 
     def figures(self) -> EngineFigures:
-        return EngineFigures(active_sequences=len(self._active), queued_sequences=len(self._pending),
+        return EngineFigures(active_sequences=sum(len(lane.active) for lane in self._lanes),
+                             queued_sequences=sum(len(lane.pending) for lane in self._lanes),
                              submitted_sequences=self.submitted_total, cancelled_sequences=self.cancelled_total,
                              tokens=self.tokens_total, steps=self.steps, batch_sizes=dict(self.batch_sizes),
                              phase_seconds=self.clock.seconds(), threads=self._running_threads)
@@ -141,9 +145,9 @@ class BatchEngine:
 
     @property
     def audio_window_capacity(self) -> int:
-        """Audio windows the caches have room for now (they grow with the load, never past
-        max_audio_windows but for live work's reserve)."""
-        return self._slots.audios
+        """Audio windows the bulk lane's caches have room for now (they grow with the load,
+        never past max_audio_windows)."""
+        return self._bulk.slots.audios
 
     def shutdown(self) -> None:
         with self._wake:
@@ -169,57 +173,78 @@ class BatchEngine:
             except Exception as e:
                 log.exception("engine loop failed; restarting it")
                 self._fail_active(e)
-        for seq in [seq for *_, seq in self._pending] + self._active:
-            self._finish(seq, "cancelled")
+        for lane in self._lanes:
+            for seq in [seq for *_, seq in lane.pending] + lane.active:
+                self._finish(seq, "cancelled")
 
     def _serve(self) -> None:
-        """Admit and step until the engine stops. An exception in a step fails the sequences of
-        that step with its reason (their requests get it at once) and the engine goes on with
-        the rest: the ones still waiting, and every later one."""
-        while (admitted := self._next_admissions()) is not None:
-            try:
-                with torch.inference_mode():
-                    if admitted:
-                        self._admit(admitted)
-                    self._drop_cancelled()
-                    if self._active:
-                        self._step()
-            except Exception as e:  # never leave a caller waiting on a dead loop
-                log.exception("engine step failed")
-                self._fail_active(e, admitted)
+        """Admit and step until the engine stops."""
+        while self._serve_turn():
+            pass
+
+    def _serve_turn(self) -> bool:
+        """Wait for a turn and take it: admit, drop what was cancelled, step (False: the engine is
+        stopping). An exception in a step fails the sequences of that step with its reason
+        (their requests get it at once) and the engine goes on with the rest: the ones still
+        waiting, and every later one. A method of its own so that nothing of a turn (a
+        sequence, its audio) stays referenced while the engine waits for the next one."""
+        turn = self._next_turn()
+        if turn is None:
+            return False
+        lanes, admitted = turn
+        try:
+            with torch.inference_mode():
+                for lane, seqs in admitted:
+                    self._admit(lane, seqs)
+                self._drop_cancelled()
+                for lane in lanes:
+                    if lane.active:
+                        self._step(lane)
+        except Exception as e:  # never leave a caller waiting on a dead loop
+            log.exception("engine step failed")
+            self._fail_active(e, [seq for _, seqs in admitted for seq in seqs])
+        return True
 
     def _fail_active(self, error: Exception, admitted: list[DecodingSequence] = ()) -> None:
         """End every sequence in the engine's slots (and ``admitted``, on their way in) with
         ``error``; the slots are empty by the time their callers hear it."""
-        failed = [*admitted, *self._active]
-        self._active.clear()
-        self._audio_readers.clear()
+        failed = [*admitted, *(seq for lane in self._lanes for seq in lane.clear())]
         for seq in failed:
             if not seq.stream.result.finish_reason:
                 self._finish(seq, "error", f"the engine's step failed: {type(error).__name__}: {error}")
 
-    def _next_admissions(self) -> list[DecodingSequence] | None:
-        """Wait for work; take what fits in the free slots (None: the engine is stopping)."""
+    def _next_turn(self) -> tuple[list[Lane], list[tuple[Lane, list[DecodingSequence]]]] | None:
+        """Wait for work; then the lanes that take this turn, and the sequences admitted into
+        them: what fits in their free rows, up to max_encode_batch windows (None: the engine is
+        stopping). The live lane takes every turn; the bulk lane every turn the live lane is
+        idle, and one every BULK_TURN_S while it is not."""
         with self._wake:
-            while not self._stopping and not self._pending and not self._active:
+            while not self._stopping and not any(lane.busy for lane in self._lanes):
                 self._wake.wait()
             if self._stopping:
                 return None
-            admitted: list[DecodingSequence] = []
+            now = time.monotonic()
+            lanes = [self._live]
+            if not self._live.busy or now - self._bulk_turn_at >= BULK_TURN_S:
+                lanes.append(self._bulk)
+                self._bulk_turn_at = now
+            admitted: list[tuple[Lane, list[DecodingSequence]]] = []
             windows = 0
-            while self._pending and windows < self.max_encode_batch:
-                _, _, priority, head = self._pending[0]
-                reserve_windows, reserve_rows = (LIVE_RESERVE_WINDOWS, LIVE_RESERVE_ROWS) if priority.live else (0, 0)
-                if (len(self._audio_readers) + windows >= self.max_audio_windows + reserve_windows
-                        or len(self._active) + len(admitted) + head.slots_needed > self.max_batch_size + reserve_rows):
-                    break
-                seq = heapq.heappop(self._pending)[3]
-                if seq.stream.cancelled.is_set():
-                    self._finish(seq, "cancelled")
-                else:
-                    admitted += seq.with_beams()
-                    windows += 1
-            return admitted
+            for lane in lanes:
+                seqs: list[DecodingSequence] = []
+                lane_windows = 0
+                while ((head := lane.head()) is not None and windows < self.max_encode_batch
+                       and lane.has_room(head, len(seqs), lane_windows)):
+                    seq = lane.pop()
+                    if seq.stream.cancelled.is_set():
+                        self._finish(seq, "cancelled")
+                    else:
+                        seqs += seq.with_beams()
+                        windows += 1
+                        lane_windows += 1
+                if seqs:
+                    admitted.append((lane, seqs))
+            return lanes, admitted
 
     def _encode_windows(self, windows: list[tuple[np.ndarray, bool]]) -> torch.Tensor:
         """Encoder output per (audio, sized) window. Whole windows are encoded together; a sized
@@ -251,39 +276,26 @@ class BatchEngine:
         head = self._encode([audio], seconds * N_FRAMES // CHUNK_SECONDS)[0]
         return torch.cat([head, self._silent_window[head.shape[0]:]])
 
-    def _admit(self, seqs: list[DecodingSequence]) -> None:
+    def _admit(self, lane: Lane, seqs: list[DecodingSequence]) -> None:
         self._running_threads = torch.get_num_threads()
-        first = len(self._active)
-        self._slots.ensure(first + len(seqs), max(len(s.tokens) for s in seqs), in_use=first)
-        self._slots.clear_rows(first, len(seqs))
-        first_audio = len(self._audio_readers)
-        audio_of: dict[int, int] = {}  # id of a search (its beam group, or the sequence) -> its audio slot
-        readers: list[DecodingSequence] = []  # one sequence per new audio slot
-        for seq in seqs:
-            search = id(seq.group if seq.group is not None else seq)
-            if search not in audio_of:
-                audio_of[search] = first_audio + len(readers)
-                readers.append(seq)
-                self._audio_readers.append(0)
-            seq.audio_slot = audio_of[search]
-            self._audio_readers[seq.audio_slot] += 1
-        self._slots.ensure_audios(len(self._audio_readers), in_use=first_audio)
+        first = len(lane.active)
+        first_audio, readers = lane.place(seqs)
         audio_features = self._encoder.features([(s.audio, s.params.audio_sized_encoder) for s in readers])
-        self._slots.write_cross(first_audio,
-                                [layer.cross_kv_for(audio_features) for layer in self.model.decoder.layers])
+        lane.slots.write_cross(first_audio,
+                               [layer.cross_kv_for(audio_features) for layer in self.model.decoder.layers])
         with self.clock.timing("prefill"):
             for i, seq in enumerate(seqs):
-                self._active.append(seq)
-                self._prefill(first + i, seq)
+                lane.active.append(seq)
+                self._prefill(lane, first + i, seq)
 
-    def _prefill(self, slot: int, seq: DecodingSequence) -> None:
+    def _prefill(self, lane: Lane, slot: int, seq: DecodingSequence) -> None:
         """Write the KV cache of all prompt tokens but the last (which the next step feeds)."""
         n = len(seq.tokens) - 1
         if n == 0:
             return
         tokens = torch.tensor([seq.tokens[:n]], device=self.device)
         positions = torch.arange(n, device=self.device)[None]
-        caches, cross = self._slots.row_views(slot, n, seq.audio_slot)
+        caches, cross = lane.slots.row_views(slot, n, seq.audio_slot)
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()[None, None]
         hidden = self.model.decoder(tokens, positions, caches, cross, causal)
         p = seq.params
@@ -291,12 +303,14 @@ class BatchEngine:
             _record_probe(seq, self.model.decoder.logits(hidden[0, p.probe_index]).float())
 
     def _drop_cancelled(self) -> None:
-        for i in reversed(range(len(self._active))):
-            if self._active[i].stream.cancelled.is_set():
-                self._release(i, "cancelled")
+        for lane in self._lanes:
+            for i in reversed(range(len(lane.active))):
+                if lane.active[i].stream.cancelled.is_set():
+                    self._release(lane, i, "cancelled")
 
-    def _forward(self, seqs: list[DecodingSequence]) -> torch.Tensor:
-        """One decoder step over every active sequence: float32 logits [n, vocab]."""
+    def _forward(self, lane: Lane) -> torch.Tensor:
+        """One decoder step over every active sequence of ``lane``: float32 logits [n, vocab]."""
+        seqs = lane.active
         n = len(seqs)
         positions = torch.tensor([[len(s.tokens) - 1] for s in seqs], device=self.device)
         tokens = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.device)
@@ -305,24 +319,17 @@ class BatchEngine:
         # blocks, so a sequence's result would otherwise move with the longest one beside it.
         longest = max(len(s.tokens) for s in seqs)
         length = min(self.dims.n_text_ctx, -(-longest // SELF_ATTENTION_BLOCK) * SELF_ATTENTION_BLOCK)
-        self._slots.ensure(n, length, in_use=n)
-        caches, cross = self._slots.batch_views(n, length, len(self._audio_readers))
+        lane.slots.ensure(n, length, in_use=n)
+        caches, cross = lane.slots.batch_views(n, length, len(lane.audio_readers))
         mask = (torch.arange(length, device=self.device)[None, :] <= positions)[:, None, None, :]
         with self.clock.timing("decoder_layers"):
-            hidden = self.model.decoder(tokens, positions, caches, cross, mask, self._shared_audio(seqs))
+            hidden = self.model.decoder(tokens, positions, caches, cross, mask, lane.shared_audio(self.device))
         with self.clock.timing("vocabulary_projection"):
             return self.model.decoder.logits(hidden[:, 0]).float()
 
-    def _shared_audio(self, seqs: list[DecodingSequence]) -> SharedAudio | None:
-        """How the rows map onto audio slots; None when row i reads audio i (no beams)."""
-        audio = [s.audio_slot for s in seqs]
-        if len(self._audio_readers) == len(seqs) and audio == list(range(len(seqs))):
-            return None
-        return SharedAudio.from_slots(audio, self.device)
-
-    def _step(self) -> None:
-        seqs = self._active
-        logits = self._forward(seqs)
+    def _step(self, lane: Lane) -> None:
+        seqs = lane.active
+        logits = self._forward(lane)
         self.steps += 1
         self.tokens_total += len(seqs)
         self.batch_sizes[len(seqs)] += 1
@@ -331,7 +338,7 @@ class BatchEngine:
                 if s.params.probe_ids and s.n_generated == 0 and s.params.probe_index == len(s.params.prompt_ids) - 1:
                     _record_probe(s, logits[i])
             apply_penalties(seqs, logits)
-            self._grammar_mask(seqs, logits)
+            lane.grammar_mask(seqs, logits)
             apply_whisper_rules(seqs, logits)
             logprobs = torch.log_softmax(logits, dim=-1)
             chosen = choose_tokens(seqs, logits)
@@ -346,9 +353,9 @@ class BatchEngine:
                     finished.append((i, reason))
         with self.clock.timing("beam_search"):
             for group in groups.values():
-                finished += self._advance_beams(group, logprobs)
+                finished += self._advance_beams(lane, group, logprobs)
         for i, reason in sorted(finished, reverse=True):
-            self._release(i, reason)
+            self._release(lane, i, reason)
 
     def _advance(self, seq: DecodingSequence, token: int, logprob: float) -> str | None:
         """Append the chosen token to a (non-beam) sequence; the finish reason when it ends."""
@@ -364,18 +371,18 @@ class BatchEngine:
             return "stop"
         return "length" if seq.at_limit(self.dims.n_text_ctx) else None
 
-    def _advance_beams(self, group: BeamGroup, logprobs: torch.Tensor) -> list[tuple[int, str]]:
+    def _advance_beams(self, lane: Lane, group: BeamGroup, logprobs: torch.Tensor) -> list[tuple[int, str]]:
         """One beam-search step for ``group``: its slots take the best continuations; returns
         the slots to release."""
-        slots = [i for i, s in enumerate(self._active) if s.group is group]
-        beams = [self._active[i] for i in slots]
+        slots = [i for i, s in enumerate(lane.active) if s.group is group]
+        beams = [lane.active[i] for i in slots]
         in_prefix = beams[0].text_tokens() is None
         # The beams of a group usually sit in consecutive rows: then a view, not a copy of their rows.
         consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
         rows = logprobs[slots[0] : slots[0] + len(slots)] if consecutive else logprobs[slots]
         chosen = _in_parent_slots(group.select([b.as_hypothesis() for b in beams], rows.cpu(), in_prefix))
         if chosen:
-            self._slots.copy_self_rows(slots[: len(chosen)], [slots[p] for p, _, _ in chosen],
+            lane.slots.copy_self_rows(slots[: len(chosen)], [slots[p] for p, _, _ in chosen],
                                        max(len(b.tokens) for b in beams))
             _take_parents(beams, chosen)
         live = beams[: len(chosen)]
@@ -390,23 +397,18 @@ class BatchEngine:
         result = head.stream.result
         result.token_ids, result.logprobs = list(best.tokens), list(best.logprobs)
         if head.params.alignment_heads:
-            self._record_cross_attention(head, list(head.params.prompt_ids) + best.tokens)
+            self._record_cross_attention(lane, head, list(head.params.prompt_ids) + best.tokens)
         for token, lp in zip(best.tokens, best.logprobs):
             head.stream.emit(StepEvent(token, lp))
         group.finish_reason = "stop" if best.tokens and best.tokens[-1] == group.eot_id else "length"
         return [(i, group.finish_reason) for i in slots]
 
-    def _release(self, index: int, reason: str) -> None:
-        """Finish the sequence in ``index`` and move the last active sequence into its slot."""
-        seq = self._active[index]
+    def _release(self, lane: Lane, index: int, reason: str) -> None:
+        """Finish the sequence in row ``index`` of ``lane`` (the lane's last row moves into it)."""
+        seq = lane.active[index]
         if seq.params.alignment_heads and reason in ("stop", "length") and seq.group is None:
-            self._record_cross_attention(seq, seq.tokens)
-        last = len(self._active) - 1
-        if index != last:
-            self._slots.move_row(last, index, len(self._active[last].tokens))
-            self._active[index] = self._active[last]
-        self._active.pop()
-        self._stop_reading(seq.audio_slot)
+            self._record_cross_attention(lane, seq, seq.tokens)
+        lane.remove(index)
         if seq.group is not None:
             seq.group.live -= 1
             if seq.group.live > 0:
@@ -414,32 +416,13 @@ class BatchEngine:
             reason = seq.group.finish_reason or reason
         self._finish(seq, reason)
 
-    def _stop_reading(self, audio: int) -> None:
-        """A row no longer reads audio slot ``audio``; the slot is freed (the last audio slot moves
-        into it) when no row does."""
-        self._audio_readers[audio] -= 1
-        if self._audio_readers[audio]:
-            return
-        last = len(self._audio_readers) - 1
-        if audio != last:
-            self._slots.move_audio(last, audio)
-            self._audio_readers[audio] = self._audio_readers[last]
-            for seq in self._active:
-                if seq.audio_slot == last:
-                    seq.audio_slot = audio
-        self._audio_readers.pop()
-        # A window's end is a natural point to hand the heap's free pages back: the steps since the
-        # last one freed their logits and activations in between live blocks, pages glibc keeps
-        # resident until asked. A few milliseconds a window (docs/performance.md, "Memory").
-        return_freed_memory()
-
-    def _record_cross_attention(self, seq: DecodingSequence, all_tokens: list[int]) -> None:
+    def _record_cross_attention(self, lane: Lane, seq: DecodingSequence, all_tokens: list[int]) -> None:
         """While the sequence's audio slot still holds the audio's K/V: the alignment heads'
         attention for every generated token of ``all_tokens`` (prompt + generated), from one
         teacher-forced pass (word timing needs it, decoding does not)."""
         with self.clock.timing("word_alignment"):
             tokens = torch.tensor([all_tokens[:-1]], device=self.device)  # inputs: each position predicts the next token
-            cross = self._slots.audio_views(seq.audio_slot)
+            cross = lane.slots.audio_views(seq.audio_slot)
             weights = self.model.decoder.cross_attention(tokens, cross, list(seq.params.alignment_heads))
             first = len(seq.params.prompt_ids) - 1
             seq.stream.result.cross_attention = weights[:, first:].float().cpu().numpy()

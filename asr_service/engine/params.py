@@ -64,17 +64,13 @@ class DecodeParams:
 @dataclass(frozen=True)
 class Priority:
     """Where a sequence waits for the engine: live work (a person waits for its words as they
-    speak: realtime) before all other work, and may take the engine's live reserve of slots
-    that no other work uses; then the oldest work first: ``planned_at`` is time.monotonic()
-    when the window it belongs to was planned, so a window's continuations and retries go
-    ahead of windows planned after it."""
+    speak: realtime) apart from bulk work, in a lane the engine serves first (the embedded
+    engine: engine/lane.py); within each, the oldest work first: ``planned_at`` is
+    time.monotonic() when the window it belongs to was planned, so a window's continuations and
+    retries go ahead of windows planned after it."""
 
     planned_at: float
     live: bool = False
-
-    @property
-    def rank(self) -> tuple[int, float]:
-        return (0 if self.live else 1, self.planned_at)
 
 
 @dataclass(frozen=True)

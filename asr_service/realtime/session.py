@@ -305,7 +305,8 @@ class RealtimeSession:
             utterance.drop_speculation()  # speech resumed after the audio it decodes
         wait = min(SPECULATE_AFTER_MS, self.config.turn_detection.silence_duration_ms // 2) * SAMPLE_RATE // 1000
         if pause is not None and utterance.speculation is None and self._position - pause >= wait:
-            self._stop_partial(utterance)  # the final decode covers the same audio
+            # A preview still running goes on: if speech resumes, its text is what the next
+            # preview agrees with; if not, it costs a few live rows beside the final decode.
             decode = asyncio.ensure_future(self.transcriber.transcribe(utterance.audio(), self._final_options(),
                                                                        live=True))
             utterance.speculation = (pause, decode)
