@@ -116,6 +116,12 @@ class TranscriptionAdapter(ABC):
         forced prefix is there (0 when the prompt already holds it)."""
 
     @abstractmethod
+    def draft_ids(self, params: DecodeParams, task: str, language: str, text_tokens: list[int]) -> tuple[int, ...]:
+        """The tokens a decode under ``params`` generates if it says ``text_tokens`` in
+        ``language`` (engine DecodeParams.draft_ids): the prefix it generates, then the text.
+        Empty where the adapter cannot tell them without more (a timed decode's timestamps)."""
+
+    @abstractmethod
     def tokens_before_text(self, params: DecodeParams) -> int:
         """How many generated tokens come before the text's own (a text token budget, such as
         max_completion_tokens, does not count them)."""

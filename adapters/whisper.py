@@ -238,6 +238,15 @@ class WhisperAdapter(TranscriptionAdapter):
     def forced_prefix_tokens(self, params: DecodeParams) -> int:
         return 0 if self._prefix_in_prompt(params) else 3
 
+    def draft_ids(self, params: DecodeParams, task: str, language: str, text_tokens: list[int]) -> tuple[int, ...]:
+        if params.timestamp_begin is not None:
+            return ()
+        if self._prefix_in_prompt(params):
+            return tuple(text_tokens)
+        tok = self.tok
+        task_id = tok.transcribe if task == "transcribe" else tok.translate
+        return (tok.language_ids[language], task_id, tok.no_timestamps, *text_tokens)
+
     def tokens_before_text(self, params: DecodeParams) -> int:
         # The fused prefix ends with the mode token (<|notimestamps|> or the opening timestamp);
         # with the prefix in the prompt, a timed decode still generates its opening timestamp.

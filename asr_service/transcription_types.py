@@ -54,6 +54,16 @@ class TranscriptionOptions:
     # A realtime preview's cheaper encoder pass (engine DecodeParams.audio_sized_encoder): only
     # where a whole-window decode gives the text that counts, and only on an engine that has it.
     audio_sized_encoder: bool = False
+    # What a decode of the start of the same audio said (a realtime preview's last decode): its
+    # window's first greedy decode checks it in one pass instead of stepping through it
+    # (engine DecodeParams.draft_ids).
+    draft: Draft | None = None
+
+
+@dataclass(frozen=True)
+class Draft:
+    language: str
+    text_tokens: tuple[int, ...]
 
 
 @dataclass

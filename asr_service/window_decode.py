@@ -137,6 +137,9 @@ def decode_params(adapter: TranscriptionAdapter, options: TranscriptionOptions, 
         changes["alignment_heads"] = adapter.alignment_heads
     if options.beam_size > 1 and options.temperature == 0:
         changes.update(beam_size=options.beam_size, length_penalty=options.length_penalty)
+    elif options.draft is not None and options.temperature == 0:
+        changes["draft_ids"] = adapter.draft_ids(params, options.task, options.draft.language,
+                                                 list(options.draft.text_tokens))
     return replace(params, **changes)
 
 
@@ -180,8 +183,8 @@ class WindowDecode:
         """The window's final outcome: decoded, continued (seek) while a piece stopped before
         the speech in it ended (the rest decoded again from where the text stopped, in the
         window's language, after the piece before it), or cut and decoded in parts."""
-        options = self.options
-        head = await self._piece(window, options, self.previous_text, splits=True)
+        head = await self._piece(window, self.options, self.previous_text, splits=True)
+        options = replace(self.options, draft=None)  # a draft says what the window's start holds
         cuts = self._cuts(head)
         if cuts:
             return await self._parts(window, cuts, head)
@@ -233,8 +236,8 @@ class WindowDecode:
         """The window decoded as the parts ``cuts`` make, each a window of its own (with its
         seek, its cuts and its fallback), their pieces in time order. The window's language
         detection stays its whole decode's."""
-        parts = await asyncio.gather(*(WindowDecode(self.parts, self.options, self.previous_text, self.priority)
-                                       .run(part) for part in window.split(cuts)))
+        parts = await asyncio.gather(*(WindowDecode(self.parts, replace(self.options, draft=None), self.previous_text,
+                                                     self.priority).run(part) for part in window.split(cuts)))
         pieces = [piece for part in parts for piece in part.pieces]
         pieces[0].language_probs = first.language_probs
         return WindowOutcome(window, pieces)

@@ -126,6 +126,33 @@ async def test_an_audio_sized_encoding_hears_the_words_and_never_stands_in_for_t
     assert again.token_ids == whole.token_ids
 
 
+@pytest.mark.parametrize("draft", ["its own tokens", "one token wrong", "the adapter's from the text"])
+async def test_a_greedy_decode_with_a_draft_gives_its_own_tokens_in_fewer_steps(runtime, draft):
+    """A draft (a realtime preview's last decode) is checked in one pass as the decode is
+    admitted: right, the decode needs no step of its own; wrong from some token on, it takes the
+    draft up to there, and its tokens are the ones it gives without a draft."""
+    adapter, engine = runtime.adapter, runtime.engine
+    clip = load_clip("en", "quick_brown_fox")
+    params = adapter.build_fused_autodetect_params()
+    steps = engine.steps
+    plain = await engine.submit(clip, params).collect()
+    plain_steps = engine.steps - steps
+    tokens = list(plain.token_ids)
+    if draft == "one token wrong":
+        tokens[6] = tokens[7]
+    elif draft == "the adapter's from the text":
+        text = tokens[3:-1]  # after <|en|><|transcribe|><|notimestamps|>, before the end of text
+        tokens = list(adapter.draft_ids(params, "transcribe", "en", text))
+        assert tokens == plain.token_ids[:-1]
+    steps = engine.steps
+    drafted = await engine.submit(clip, replace(params, draft_ids=tuple(tokens))).collect()
+    drafted_steps = engine.steps - steps
+    assert drafted.token_ids == plain.token_ids and drafted.finish_reason == plain.finish_reason == "stop"
+    # Each step makes one token: the check made the draft's right tokens and the one after them.
+    assert {"its own tokens": drafted_steps == 0, "one token wrong": drafted_steps == plain_steps - 7,
+            "the adapter's from the text": drafted_steps == 1}[draft], (drafted_steps, plain_steps)
+
+
 async def test_waiting_sequences_are_admitted_oldest_work_first(runtime):
     """The priority a sequence is submitted with (when its work arrived) orders the queue: a
     window's continuation submitted late goes ahead of a window planned after it. One slot,

@@ -102,7 +102,9 @@ def test_only_text_two_decodes_agree_on_is_sent():
     assert stable == ["The", "quick", "brown"]
     assert extension([], stable, " ") == "The quick brown"
     assert extension(["The", "quick"], stable, " ") == " brown"
-    assert extension(["The", "quack"], stable, " ") == ""  # never contradicts what was sent
+    # A word sent that the decodes now hear otherwise stands (deltas only append); the preview
+    # goes on after it.
+    assert extension(["The", "quack"], stable, " ") == " brown"
     assert agreed("一二三", "一二三四", "") == ["一", "二", "三"]  # no spaces: characters
 
 
@@ -136,6 +138,17 @@ def test_final_text_continues_what_was_sent():
     assert continuation(counted, "1-2-3-4-5-6-7-8-9-10. The quick brown fox.", " ") == " The quick brown fox."
     assert continuation(["The", "quick", "brown"], "The quick, brown fox.", " ") == " fox."
     assert continuation(["一", "二"], "一二三。", "") == "三。"
+    # The final spells the sent part otherwise: the sent units stand for as many of its words.
+    assert continuation(["One,", "two,", "three,"], "1, 2, 3, 4. The quick brown fox.", " ") == " 4. The quick brown fox."
+    assert continuation(["Howdy,"], "Had he married a more amiable woman,", " ") == " he married a more amiable woman,"
+    # A final unit the sent text covers only in part goes out whole: said twice, never lost.
+    assert continuation(["One,", "two,"], "1-2-3-4. The fox.", " ") == " 1-2-3-4. The fox."
+
+
+def test_a_preview_that_spells_the_sent_words_otherwise_goes_on_after_them():
+    assert extension(["One,", "two,"], "1, 2, 3, 4".split(), " ") == " 3, 4"
+    assert extension(["1,", "2,"], "1, 2, 3, 4".split(), " ") == " 3, 4"
+    assert extension(["One,", "two,"], ["1-2"], " ") == ""  # nothing past the sent words yet
 
 
 # ---- protocol ----
@@ -150,7 +163,7 @@ class TwoLanguages(TranscriptionAdapter):
         raise NotImplementedError("the protocol tests only check languages")
 
     build_prompt = parse_fused_output = parse_output = forced_prefix_tokens = _not_here
-    tokens_before_text = decode_text = strip_special_tokens = _not_here
+    tokens_before_text = draft_ids = decode_text = strip_special_tokens = _not_here
 
 
 validate = TwoLanguages()

@@ -283,24 +283,58 @@ class BatchEngine:
         audio_features = self._encoder.features([(s.audio, s.params.audio_sized_encoder) for s in readers])
         lane.slots.write_cross(first_audio,
                                [layer.cross_kv_for(audio_features) for layer in self.model.decoder.layers])
+        finished: list[tuple[int, str]] = []
         with self.clock.timing("prefill"):
             for i, seq in enumerate(seqs):
                 lane.active.append(seq)
-                self._prefill(lane, first + i, seq)
+                reason = self._prefill(lane, first + i, seq)
+                if reason:
+                    finished.append((first + i, reason))
+        for i, reason in reversed(finished):
+            self._release(lane, i, reason)
 
-    def _prefill(self, lane: Lane, slot: int, seq: DecodingSequence) -> None:
-        """Write the KV cache of all prompt tokens but the last (which the next step feeds)."""
-        n = len(seq.tokens) - 1
+    def _prefill(self, lane: Lane, slot: int, seq: DecodingSequence) -> str | None:
+        """Write the KV cache of all prompt tokens but the last (which the next step feeds).
+        With a draft (DecodeParams.draft_ids; greedy decodes only) the prompt's last token and
+        the draft's tokens but its last are fed too, in the same pass, and the draft is taken
+        (_take_draft). Returns the finish reason when that ends the decode."""
+        p = seq.params
+        prompt = len(seq.tokens)
+        room = min(p.max_new_tokens, self.dims.n_text_ctx - prompt)
+        draft = list(p.draft_ids[:room]) if p.temperature == 0 and seq.group is None else []
+        fed = seq.tokens[:-1] + (seq.tokens[-1:] + draft[:-1] if draft else [])
+        n = len(fed)
         if n == 0:
-            return
-        tokens = torch.tensor([seq.tokens[:n]], device=self.device)
+            return None
+        tokens = torch.tensor([fed], device=self.device)
         positions = torch.arange(n, device=self.device)[None]
         caches, cross = lane.slots.row_views(slot, n, seq.audio_slot)
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()[None, None]
         hidden = self.model.decoder(tokens, positions, caches, cross, causal)
-        p = seq.params
-        if p.probe_ids and p.probe_index < n:
+        if p.probe_ids and p.probe_index < prompt - 1:
             _record_probe(seq, self.model.decoder.logits(hidden[0, p.probe_index]).float())
+        if not draft:
+            return None
+        return self._take_draft(lane, seq, draft, self.model.decoder.logits(hidden[0, prompt - 1:]).float())
+
+    def _take_draft(self, lane: Lane, seq: DecodingSequence, draft: list[int], logits: torch.Tensor) -> str | None:
+        """``logits[j]``: what follows the prompt and draft[:j]. Each draft token goes through the
+        step's logits pipeline and is taken while it is the token the step would choose; where
+        it is not, the token the step chooses is taken instead and the draft ends there (the next
+        step feeds that token, overwriting the draft's K/V at its position)."""
+        rows, p = [seq], seq.params
+        for j, token in enumerate(draft):
+            row = logits[j : j + 1]
+            if j == 0 and p.probe_ids and p.probe_index == prompt_end(seq):
+                _record_probe(seq, row[0])
+            apply_penalties(rows, row)
+            lane.grammar_mask(rows, row)
+            apply_whisper_rules(rows, row)
+            chosen = choose_tokens(rows, row)[0]
+            reason = self._advance(seq, chosen, float(torch.log_softmax(row[0], dim=-1)[chosen]))
+            if reason or chosen != token:
+                return reason
+        return None
 
     def _drop_cancelled(self) -> None:
         for lane in self._lanes:
@@ -335,7 +369,7 @@ class BatchEngine:
         self.batch_sizes[len(seqs)] += 1
         with self.clock.timing("logits_pipeline"):
             for i, s in enumerate(seqs):  # the probe reads the raw distribution, before any mask
-                if s.params.probe_ids and s.n_generated == 0 and s.params.probe_index == len(s.params.prompt_ids) - 1:
+                if s.params.probe_ids and s.n_generated == 0 and s.params.probe_index == prompt_end(s):
                     _record_probe(s, logits[i])
             apply_penalties(seqs, logits)
             lane.grammar_mask(seqs, logits)
@@ -431,6 +465,11 @@ class BatchEngine:
         if reason == "cancelled":
             self.cancelled_total += 1
         seq.stream.finish(reason, error)
+
+
+def prompt_end(seq: DecodingSequence) -> int:
+    """The prompt's last position, whose logits choose the first generated token."""
+    return len(seq.params.prompt_ids) - 1
 
 
 def _record_probe(seq: DecodingSequence, logits: torch.Tensor) -> None:

@@ -61,7 +61,7 @@ class Lane:
         windows' cross-attention K/V there, then appends each sequence to ``active`` as its
         row's prompt is written."""
         first = len(self.active)
-        self.slots.ensure(first + len(seqs), max(len(s.tokens) for s in seqs), in_use=first)
+        self.slots.ensure(first + len(seqs), max(len(s.tokens) + len(s.params.draft_ids) for s in seqs), in_use=first)
         self.slots.clear_rows(first, len(seqs))
         first_audio = len(self.audio_readers)
         audio_of: dict[int, int] = {}  # id of a search (its beam group, or the sequence) -> its audio slot

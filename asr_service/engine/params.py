@@ -59,6 +59,12 @@ class DecodeParams:
     # audio, but the text may differ in a word from the whole window's, so only for a preview
     # that a whole-window decode replaces (realtime). Engines that cannot refuse it.
     audio_sized_encoder: bool = False
+    # Tokens this decode will probably generate first (a realtime preview: what the preview
+    # before it, on less of the same audio, generated). A greedy decode checks them all in one
+    # pass as it is admitted and steps only from the first it would not have chosen: the tokens
+    # a step-by-step decode chooses (but where two tie within rounding), in a few steps. An
+    # engine that does not check drafts decodes as if there were none.
+    draft_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ would hold every word for a third decode. The latest decode's spelling is what g
 from __future__ import annotations
 
 import difflib
+import re
 
 
 def units(text: str, joiner: str) -> list[str]:
@@ -56,38 +57,50 @@ def agreed(previous: str, latest: str, joiner: str) -> list[str]:
 
 
 def extension(sent: list[str], stable: list[str], joiner: str) -> str:
-    """The delta that takes the sent units to ``stable``: empty unless ``stable`` extends them."""
-    if len(stable) <= len(sent) or _same_words(sent, stable) < len(sent):
+    """The delta that takes the sent units to ``stable``: its units past the sent ones. Where
+    ``stable`` spells the sent part differently ("One, two," sent, "1, 2, 3, 4" agreed since),
+    the sent units are aligned with it as the final text is (continuation), so the preview goes
+    on instead of waiting for the final decode; empty when ``stable`` says nothing past them."""
+    if len(stable) <= len(sent):
         return ""
-    return (joiner if sent else "") + joiner.join(stable[len(sent):])
+    if _same_words(sent, stable) == len(sent):
+        return (joiner if sent else "") + joiner.join(stable[len(sent):])
+    return continuation(sent, joiner.join(stable), joiner)
+
+
+def _parts(unit: str) -> int:
+    """Words a unit says: "1-2-3-4." says four."""
+    return max(1, sum(1 for part in re.split(r"[-‐–—]", unit) if _letters(part)))
 
 
 def continuation(sent: list[str], final: str, joiner: str) -> str:
     """The part of the final text that comes after what was already sent.
 
-    The final decode usually starts with the sent units. When it does not (punctuation, case or
-    a word changed: "1, 2, 3," sent, "1-2-3" final), the two are aligned on their letters and
-    digits alone, and the final units after the last one the sent text covers follow; the sent
-    text itself stands.
+    The final decode usually starts with the sent units. When it does not, the two are aligned
+    unit by unit on their letters and digits ("1, 2, 3," sent and "1, 2, 3, 4" final; "but
+    weather" sent and "The weather today" final): the final units after the last sent unit it
+    also says, or after as many words as the sent units left after that say. Where nothing
+    aligns (the final spells the sent part otherwise: "One, two, three," sent, "1-2-3-4-5"
+    final), the sent text is taken to stand for as many of the final's words as it says. The
+    sent text itself stands; a final unit only partly covered goes out whole, so words may be
+    said twice but none is lost.
     """
     final_units = units(final, joiner)
     if final_units[: len(sent)] == sent:
         rest = final_units[len(sent):]
     else:
-        sent_letters = "".join(_letters(u) for u in sent)
+        sent_letters = [_letters(u) for u in sent]
         final_letters = [_letters(u) for u in final_units]
-        blocks = [b for b in difflib.SequenceMatcher(None, sent_letters, "".join(final_letters),
-                                                     autojunk=False).get_matching_blocks() if b.size]
-        # Where the sent text ends in the final's letters: after the last match, plus the sent
-        # letters that follow it unmatched.
-        last = blocks[-1] if blocks else difflib.Match(0, 0, 0)
-        covered = last.b + last.size + (len(sent_letters) - last.a - last.size)
-        start, first = 0, len(final_units)
-        for i, letters in enumerate(final_letters):
-            if start + len(letters) / 2 >= covered:  # less than half of this unit was covered
+        blocks = [b for b in difflib.SequenceMatcher(None, sent_letters, final_letters, autojunk=False)
+                  .get_matching_blocks() if b.size]
+        start, words = (blocks[-1].b + blocks[-1].size, blocks[-1].a + blocks[-1].size) if blocks else (0, 0)
+        left = sum(_parts(u) for u in sent[words:])  # words sent after the last aligned unit
+        first = len(final_units)
+        for i in range(start, len(final_units)):
+            if left <= 0 or _parts(final_units[i]) > left:
                 first = i
                 break
-            start += len(letters)
+            left -= _parts(final_units[i])
         rest = final_units[first:]
     if not rest:
         return ""

@@ -106,7 +106,8 @@ class SGLangEngine:
 
     def submit(self, audio: np.ndarray, params: DecodeParams, priority: Priority | None = None) -> SequenceStream:
         # ``priority`` is not sent: each SGLang server schedules its own queue, and a request's
-        # windows reach it in order.
+        # windows reach it in order. Nor is ``params.draft_ids``: the server steps through every
+        # token, which gives the tokens a draft would.
         problem = self.refusal(params)
         if problem is not None:
             raise problem
