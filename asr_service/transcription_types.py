@@ -62,6 +62,8 @@ class TranscriptionOptions:
 
 @dataclass(frozen=True)
 class Draft:
+    """A decode's language and text tokens, offered to the next decode of the same audio."""
+
     language: str
     text_tokens: tuple[int, ...]
 

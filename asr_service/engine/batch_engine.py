@@ -101,7 +101,7 @@ class BatchEngine:
         self._encoder = EncoderCache(self._encode_windows)
         self._silent_window: torch.Tensor | None = None  # encoder output of a silent window, once needed
         self.steps = 0  # decode steps run
-        self.tokens_total = 0  # tokens decoded (one per active sequence per step)
+        self.tokens_total = 0  # tokens decoded (one per active sequence per step, and each taken from a draft)
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # steps run at each batch size
         self.submitted_total = 0
         self.cancelled_total = 0  # sequences ended by cancel() before they finished
@@ -217,7 +217,8 @@ class BatchEngine:
         """Wait for work; then the lanes that take this turn, and the sequences admitted into
         them: what fits in their free rows, up to max_encode_batch windows (None: the engine is
         stopping). The live lane takes every turn; the bulk lane every turn the live lane is
-        idle, and one every BULK_TURN_S while it is not."""
+        idle, and one every BULK_TURN_S while it is not, when it is admitted first (with one
+        encoder window a turn, a live admission would otherwise take its place)."""
         with self._wake:
             while not self._stopping and not any(lane.busy for lane in self._lanes):
                 self._wake.wait()
@@ -226,7 +227,7 @@ class BatchEngine:
             now = time.monotonic()
             lanes = [self._live]
             if not self._live.busy or now - self._bulk_turn_at >= BULK_TURN_S:
-                lanes.append(self._bulk)
+                lanes.insert(0, self._bulk)
                 self._bulk_turn_at = now
             admitted: list[tuple[Lane, list[DecodingSequence]]] = []
             windows = 0
@@ -332,6 +333,7 @@ class BatchEngine:
             apply_whisper_rules(rows, row)
             chosen = choose_tokens(rows, row)[0]
             reason = self._advance(seq, chosen, float(torch.log_softmax(row[0], dim=-1)[chosen]))
+            self.tokens_total += 1
             if reason or chosen != token:
                 return reason
         return None
