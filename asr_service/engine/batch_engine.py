@@ -91,8 +91,8 @@ class BatchEngine:
         self._running_threads: int | None = None  # the engine thread's count, read at each admission
         self._submissions = itertools.count()
         audio_dtype = model.audio_cache_dtype or self.dtype
-        self._live = Lane("live", self.dims, max_batch_size, LIVE_WINDOWS, self.device, self.dtype, audio_dtype)
-        self._bulk = Lane("bulk", self.dims, max_batch_size, self.max_audio_windows, self.device, self.dtype,
+        self._live = Lane(self.dims, max_batch_size, LIVE_WINDOWS, self.device, self.dtype, audio_dtype)
+        self._bulk = Lane(self.dims, max_batch_size, self.max_audio_windows, self.device, self.dtype,
                           audio_dtype)
         self._lanes = (self._live, self._bulk)
         self._bulk_turn_at = 0.0  # time.monotonic() of the bulk lane's last turn
@@ -323,16 +323,9 @@ class BatchEngine:
         step's logits pipeline and is taken while it is the token the step would choose; where
         it is not, the token the step chooses is taken instead and the draft ends there (the next
         step feeds that token, overwriting the draft's K/V at its position)."""
-        rows, p = [seq], seq.params
         for j, token in enumerate(draft):
-            row = logits[j : j + 1]
-            if j == 0 and p.probe_ids and p.probe_index == prompt_end(seq):
-                _record_probe(seq, row[0])
-            apply_penalties(rows, row)
-            lane.grammar_mask(rows, row)
-            apply_whisper_rules(rows, row)
-            chosen = choose_tokens(rows, row)[0]
-            reason = self._advance(seq, chosen, float(torch.log_softmax(row[0], dim=-1)[chosen]))
+            logprobs, (chosen,) = self._choose(lane, [seq], logits[j : j + 1])
+            reason = self._advance(seq, chosen, float(logprobs[0, chosen]))
             self.tokens_total += 1
             if reason or chosen != token:
                 return reason
@@ -370,14 +363,7 @@ class BatchEngine:
         self.tokens_total += len(seqs)
         self.batch_sizes[len(seqs)] += 1
         with self.clock.timing("logits_pipeline"):
-            for i, s in enumerate(seqs):  # the probe reads the raw distribution, before any mask
-                if s.params.probe_ids and s.n_generated == 0 and s.params.probe_index == prompt_end(s):
-                    _record_probe(s, logits[i])
-            apply_penalties(seqs, logits)
-            lane.grammar_mask(seqs, logits)
-            apply_whisper_rules(seqs, logits)
-            logprobs = torch.log_softmax(logits, dim=-1)
-            chosen = choose_tokens(seqs, logits)
+            logprobs, chosen = self._choose(lane, seqs, logits)
         finished: list[tuple[int, str]] = []
         groups: dict[int, BeamGroup] = {}
         for i, s in enumerate(seqs):
@@ -392,6 +378,17 @@ class BatchEngine:
                 finished += self._advance_beams(lane, group, logprobs)
         for i, reason in sorted(finished, reverse=True):
             self._release(lane, i, reason)
+
+    def _choose(self, lane: Lane, seqs: list[DecodingSequence], logits: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """The logits pipeline over rows ``seqs`` of ``logits`` (changed in place): probe, penalties,
+        grammar mask, Whisper rules; returns the log-probabilities and each row's chosen token."""
+        for i, s in enumerate(seqs):  # the probe reads the raw distribution, before any mask
+            if _probe_due(s):
+                _record_probe(s, logits[i])
+        apply_penalties(seqs, logits)
+        lane.grammar_mask(seqs, logits)
+        apply_whisper_rules(seqs, logits)
+        return torch.log_softmax(logits, dim=-1), choose_tokens(seqs, logits)
 
     def _advance(self, seq: DecodingSequence, token: int, logprob: float) -> str | None:
         """Append the chosen token to a (non-beam) sequence; the finish reason when it ends."""
@@ -469,9 +466,11 @@ class BatchEngine:
         seq.stream.finish(reason, error)
 
 
-def prompt_end(seq: DecodingSequence) -> int:
-    """The prompt's last position, whose logits choose the first generated token."""
-    return len(seq.params.prompt_ids) - 1
+def _probe_due(seq: DecodingSequence) -> bool:
+    """The logits about to choose the sequence's first token are the ones its probe reads (the
+    probe is at the prompt's last position, which the prefill does not compute)."""
+    p = seq.params
+    return bool(p.probe_ids) and seq.n_generated == 0 and p.probe_index == len(p.prompt_ids) - 1
 
 
 def _record_probe(seq: DecodingSequence, logits: torch.Tensor) -> None:

@@ -24,9 +24,8 @@ from .slot_cache import SlotCache
 
 
 class Lane:
-    def __init__(self, name: str, dims: WhisperDims, max_rows: int, max_audios: int, device: torch.device,
+    def __init__(self, dims: WhisperDims, max_rows: int, max_audios: int, device: torch.device,
                  dtype: torch.dtype, audio_dtype: torch.dtype):
-        self.name = name
         self.max_rows, self.max_audios = max_rows, max_audios
         self.slots = SlotCache(dims, max_rows, max_audios, device, dtype, audio_dtype)
         self.grammar_mask = GrammarMask(max_rows, dims.n_vocab)
