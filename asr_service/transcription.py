@@ -98,8 +98,8 @@ class Transcriber:
     # ---- the two ways in ----
     async def transcribe(self, audio: np.ndarray, options: TranscriptionOptions = TranscriptionOptions(),
                          on_chunk_done: Callable[[AudioChunk], None] | None = None,
-                         live: bool = False) -> TranscriptionResult:
-        async with aclosing(self.run(audio, options, on_chunk_done=on_chunk_done, live=live)) as events:
+                         live_since: float | None = None) -> TranscriptionResult:
+        async with aclosing(self.run(audio, options, on_chunk_done=on_chunk_done, live_since=live_since)) as events:
             async for event in events:
                 if isinstance(event, Finished):
                     return event.result
@@ -107,13 +107,16 @@ class Transcriber:
 
     async def run(self, audio: np.ndarray, options: TranscriptionOptions,
                   on_chunk_done: Callable[[AudioChunk], None] | None = None,
-                  live: bool = False) -> AsyncIterator[PipelineEvent]:
+                  live_since: float | None = None) -> AsyncIterator[PipelineEvent]:
         """The events of one request, in window order (see the module docstring). Closing the
-        generator early cancels every decode still running. ``live``: someone watches the text
-        as they speak (a realtime session): its windows go ahead of all file work."""
+        generator early cancels every decode still running. ``live_since``: someone has watched
+        for this text since that time.monotonic() (a realtime session): its windows go in the
+        engine's live lane, ahead of all file work, and there the longest wait goes first."""
 
         def planned_at() -> Priority:  # the window's place in the engine's queue
-            return Priority(time.monotonic(), live)
+            if live_since is not None:
+                return Priority(live_since, live=True)
+            return Priority(time.monotonic())
 
         options = self._for_model(options)
         plan = await self.plan(audio, options)

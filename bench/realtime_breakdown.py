@@ -1,6 +1,7 @@
 """Where a realtime utterance's time goes: one session, in process, instrumented.
 
     python -m bench.realtime_breakdown [--threads 2] [--out PATH]
+    python -m bench.realtime_breakdown --load [--out PATH]
 
 Speech is fed to a RealtimeSession (server VAD, 500 ms) in 100 ms frames on a real-time clock,
 as the WebSocket would. The session's transcriber is wrapped so that every decode it asks for
@@ -10,6 +11,12 @@ clock's growth over a decode is that decode's work). Each session event is stamp
 utterance this gives the timeline from speech start to the first delta and from speech end to
 the completed text, and the sum of what each part cost. Writes
 bench/results/realtime-breakdown-<date>.json.
+
+With --load, the same in process under load (bench.realtime_latency's load, without the
+network): SESSIONS_UNDER_LOAD sessions on the 10 s utterance at once (0.5 s apart, LOAD_ROUNDS
+times) while FILE_CLIENTS loops transcribe its 21 s file as file requests would; per session
+the first delta and every decode's wall time (the engine's phases are shared then, so they are
+not split per decode). Writes bench/results/realtime-breakdown-load-<date>.json.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from asr_service.transcription_types import TranscriptionOptions
 from support.clips import load_clip
 from warmup import run_warmup
 
-from .realtime_latency import long_utterance
+from .realtime_latency import FILE_CLIENTS, LOAD_ROUNDS, SESSIONS_UNDER_LOAD, load_file_audio, long_utterance
 from .report import RESULTS
 
 FRAME = 1600  # 100 ms at 16 kHz
@@ -62,14 +69,14 @@ class RecordingTranscriber:
         self.adapter, self.gate, self.engine = inner.adapter, inner.gate, inner.engine
         self.decodes: list[DecodeRecord] = []
 
-    async def transcribe(self, audio: np.ndarray, options: TranscriptionOptions, live: bool):
+    async def transcribe(self, audio: np.ndarray, options: TranscriptionOptions, live_since: float):
         # Previews are the decodes with a token budget (session._decode_partial); finals have none.
         record = DecodeRecord("preview" if options.max_new_tokens is not None else "final",
                               round(audio.shape[0] / 16000, 2), self.clock())
         self.decodes.append(record)
         before = self.engine.figures().phase_seconds
         try:
-            result = await self.inner.transcribe(audio, options, live=live)
+            result = await self.inner.transcribe(audio, options, live_since=live_since)
         except asyncio.CancelledError:
             record.cancelled = True
             raise
@@ -103,8 +110,8 @@ async def one_session(runtime, speech: np.ndarray) -> dict:
     lead, tail = np.zeros(int(LEAD_S * 16000), np.float32), np.zeros(int(TAIL_S * 16000), np.float32)
     audio = np.concatenate([lead, speech, tail])
     loud = np.flatnonzero(np.abs(speech) > 0.02)
-    speech_start = (lead.size + loud[0]) / 16000  # on the feed's real-time clock
-    speech_end = (lead.size + loud[-1]) / 16000
+    speech_start = float(lead.size + loud[0]) / 16000  # on the feed's real-time clock
+    speech_end = float(lead.size + loud[-1]) / 16000
     try:
         for n, i in enumerate(range(0, audio.size, FRAME)):
             await session.append(audio[i: i + FRAME])
@@ -138,6 +145,41 @@ async def one_session(runtime, speech: np.ndarray) -> dict:
     }
 
 
+async def under_load(runtime) -> dict:
+    """First deltas of SESSIONS_UNDER_LOAD sessions at once while FILE_CLIENTS transcribe files."""
+    body = load_file_audio()
+    file_decode = build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
+    stop, files = asyncio.Event(), {"done": 0, "failed": 0}
+
+    async def file_client() -> None:
+        while not stop.is_set():
+            try:
+                await runtime.transcriber.transcribe(body, file_decode)
+                files["done"] += 1
+            except Exception:
+                files["failed"] += 1
+
+    async def staggered(i: int) -> dict:
+        await asyncio.sleep(0.5 * i)
+        return await one_session(runtime, long_utterance())
+
+    clients = [asyncio.create_task(file_client()) for _ in range(FILE_CLIENTS)]
+    await asyncio.sleep(5)  # the engine's batch is full of file windows
+    sessions = []
+    for _ in range(LOAD_ROUNDS):
+        sessions += await asyncio.gather(*(staggered(i) for i in range(SESSIONS_UNDER_LOAD)))
+        print("first deltas:", [s["first_delta_after_speech_start_s"] for s in sessions[-SESSIONS_UNDER_LOAD:]],
+              flush=True)
+    stop.set()
+    await asyncio.gather(*clients)
+    firsts = sorted(s["first_delta_after_speech_start_s"] or float("inf") for s in sessions)
+    return {"sessions": len(sessions), "file_clients": FILE_CLIENTS,
+            "first_delta_after_speech_start_s": {"median": statistics.median(firsts),
+                                                 "p90": firsts[int(0.9 * (len(firsts) - 1) + 0.5)], "all": firsts},
+            "completed_after_speech_end_s": sorted(s["completed_after_speech_end_s"] for s in sessions),
+            "file_requests": files, "per_session": sessions}
+
+
 def summary(decodes: list[dict], kind: str) -> dict:
     chosen = [d for d in decodes if d["kind"] == kind and not d["cancelled"]]
     if not chosen:
@@ -157,9 +199,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clips", nargs="*", default=["long", "en/quick_brown_fox", "en/hello_world", "es/pangrama"],
                         help="'long' (10 s, no pause), lang/name of a pytest-audioeval clip, or a 16 kHz mono .wav")
-    parser.add_argument("--out", default=str(RESULTS / f"realtime-breakdown-{dt.date.today().isoformat()}.json"))
+    parser.add_argument("--load", action="store_true", help="sessions beside file requests instead (see above)")
+    parser.add_argument("--out")
     args = parser.parse_args()
     runtime = build_runtime(RuntimeSettings(device="cpu", threads=args.threads))
+    if args.load:
+        return main_under_load(runtime, args)
 
     async def run() -> dict:
         await run_warmup(runtime.adapter, runtime.engine)
@@ -190,9 +235,29 @@ def main() -> None:
            "preview": summary(decodes, "preview"), "final": summary(decodes, "final"), "clips": per_clip}
     print(json.dumps({k: out[k] for k in ("first_delta_after_speech_start_s", "completed_after_speech_end_s",
                                           "preview", "final")}, indent=1))
-    with open(args.out, "w") as f:
+    write(out, args.out or RESULTS / f"realtime-breakdown-{dt.date.today().isoformat()}.json")
+
+
+def main_under_load(runtime, args) -> None:
+    async def run() -> dict:
+        await run_warmup(runtime.adapter, runtime.engine)
+        return await under_load(runtime)
+
+    try:
+        out = asyncio.run(run())
+    finally:
+        runtime.close()
+    out = {"date": dt.datetime.now().isoformat(timespec="seconds"), "threads": args.threads,
+           "precision": runtime.precision, **out}
+    print(json.dumps({k: out[k] for k in ("first_delta_after_speech_start_s", "completed_after_speech_end_s",
+                                          "file_requests")}))
+    write(out, args.out or RESULTS / f"realtime-breakdown-load-{dt.date.today().isoformat()}.json")
+
+
+def write(out: dict, path) -> None:
+    with open(path, "w") as f:
         json.dump(out, f, indent=2, ensure_ascii=False)
-    print("written to", args.out)
+    print("written to", path)
 
 
 if __name__ == "__main__":

@@ -165,9 +165,14 @@ async def first_delta(url: str) -> dict:
 SESSIONS_UNDER_LOAD, FILE_CLIENTS, LOAD_ROUNDS = 4, 8, 2
 
 
+def load_file_audio() -> np.ndarray:
+    """What each file client sends under load: 21 s of speech."""
+    return np.concatenate([load_clip("en", n) for n in ("counting", "quick_brown_fox", "hello_world")] * 3)
+
+
 async def under_load(url: str, http_url: str) -> dict:
     """First deltas of SESSIONS_UNDER_LOAD sessions at once while FILE_CLIENTS send files."""
-    body = wav_bytes(np.concatenate([load_clip("en", n) for n in ("counting", "quick_brown_fox", "hello_world")] * 3))
+    body = wav_bytes(load_file_audio())
     stop, files = asyncio.Event(), {"ok": 0, "failed": 0}
 
     async def file_client(client: httpx.AsyncClient) -> None:

@@ -190,15 +190,15 @@ async def test_a_live_decode_starts_at_once_however_full_the_engine_is(runtime):
         transcriber = Transcriber(single, runtime.adapter)
         ended = []
 
-        async def transcribe(name, clip, live=False):
-            await transcriber.transcribe(load_clip("en", clip), live=live)
+        async def transcribe(name, clip, live_since=None):
+            await transcriber.transcribe(load_clip("en", clip), live_since=live_since)
             ended.append(name)
 
         busy = asyncio.ensure_future(transcribe("busy", "counting"))
         await asyncio.sleep(0.2)  # admitted: the one slot is taken
         queued = asyncio.ensure_future(transcribe("file", "hello_world"))
         await asyncio.sleep(0.05)  # queued behind it
-        await asyncio.gather(busy, queued, transcribe("live", "hello_world", live=True))
+        await asyncio.gather(busy, queued, transcribe("live", "hello_world", live_since=time.monotonic()))
         assert ended == ["live", "busy", "file"]
     finally:
         single.shutdown()
@@ -246,6 +246,35 @@ async def test_file_decodes_still_step_while_live_work_runs(runtime, monkeypatch
     gained, live_tokens = await bulk_tokens_during_a_live_decode(runtime.engine, runtime.adapter, 0.2, monkeypatch)
     assert live_tokens >= 20
     assert gained >= 3
+
+
+async def test_live_decodes_step_a_while_before_the_next_live_admission(runtime, monkeypatch):
+    """A live admission (an encoder pass) waits until the live rows have stepped
+    LIVE_ADMISSION_GAP_S since the last one: with the gap an hour, a live decode submitted while
+    another steps is admitted only once that one has ended."""
+    from asr_service.engine import batch_engine
+
+    monkeypatch.setattr(batch_engine, "LIVE_ADMISSION_GAP_S", 3600.0)
+    engine, adapter = runtime.engine, runtime.adapter
+    noise = (0.1 * np.random.default_rng(1).standard_normal(16000 * 20)).astype(np.float32)
+    params = replace(adapter.build_fused_autodetect_params(), temperature=1.0, seed=7, max_new_tokens=60)
+    first = engine.submit(noise, params, Priority(time.monotonic(), live=True))
+    second: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def run_first():
+        tokens = 0
+        async for _ in first:
+            tokens += 1
+            if tokens == 3:  # the first decode is stepping: submit the second
+                second.set_result(engine.submit(noise, params, Priority(time.monotonic(), live=True)))
+
+    runner = asyncio.ensure_future(run_first())
+    async for _ in await second:  # its first token: the first decode had ended by then
+        assert first.result.finish_reason, "admitted while the first live decode still stepped"
+        assert len(first.result.token_ids) > 3
+        break
+    (await second).cancel()
+    await runner
 
 
 async def test_the_engine_keeps_its_thread_count_whatever_other_threads_set(runtime):

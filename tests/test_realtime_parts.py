@@ -98,23 +98,35 @@ def test_turn_detector_finds_each_phrase_in_a_stream(runtime):
 # ---- stable text ----
 
 def test_only_text_two_decodes_agree_on_is_sent():
-    stable = agreed("The quick brown", "The quick brown fox jumps", " ")
+    stable = agreed("The quick brown", "The quick brown fox jumps", " ", None)
     assert stable == ["The", "quick", "brown"]
-    assert extension([], stable, " ") == "The quick brown"
-    assert extension(["The", "quick"], stable, " ") == " brown"
+    assert extension([], stable, " ", None) == "The quick brown"
+    assert extension(["The", "quick"], stable, " ", None) == " brown"
     # A word sent that the decodes now hear otherwise stands (deltas only append); the preview
     # goes on after it.
-    assert extension(["The", "quack"], stable, " ") == " brown"
-    assert agreed("一二三", "一二三四", "") == ["一", "二", "三"]  # no spaces: characters
+    assert extension(["The", "quack"], stable, " ", None) == " brown"
+    assert agreed("一二三", "一二三四", "", None) == ["一", "二", "三"]  # no spaces: characters
 
 
 def test_words_agree_whatever_their_punctuation_and_case():
     # A decode that ends with its audio punctuates its last words as an ending; the words
     # agree all the same, and the latest decode's spelling goes out.
-    assert agreed("1 2 3 4", "1, 2, 3, 4, 5, 6", " ") == ["1,", "2,", "3,", "4,"]
-    assert agreed("The Quick Brown Fist.", "The quick brown fox jumps", " ") == ["The", "quick", "brown"]
-    assert agreed("El Velós Murcia.", "El Belos Murcia Lago,", " ") == ["El"]  # a changed word is not agreed
-    assert extension(["1", "2"], ["1,", "2,", "3,"], " ") == " 3,"  # the sent words stand as they were sent
+    assert agreed("1 2 3 4", "1, 2, 3, 4, 5, 6", " ", None) == ["1,", "2,", "3,", "4,"]
+    assert agreed("The Quick Brown Fist.", "The quick brown fox jumps", " ", None) == ["The", "quick", "brown"]
+    assert agreed("El Velós Murcia.", "El Belos Murcia Lago,", " ", None) == ["El"]  # a changed word is not agreed
+    assert extension(["1", "2"], ["1,", "2,", "3,"], " ", None) == " 3,"  # the sent words stand as they were sent
+
+
+def test_english_words_agree_whatever_their_number_spelling():
+    # On its first second of audio the model writes numbers as words, then as digits: in
+    # English the two agree (Whisper's English normaliser), and the later spelling goes out.
+    assert agreed("One, two, three.", "1, 2, 3, 4,", " ", "en") == ["1,", "2,", "3,"]
+    assert agreed("It costs twenty dollars", "It costs 20 dollars", " ", "en") == ["It", "costs", "20", "dollars"]
+    assert agreed("One, two, three.", "1, 2, 3, 4,", " ", None) == []  # other languages: letters only
+    assert agreed("uno, dos", "1, 2, 3", " ", "es") == []
+    # A different number is a different word.
+    assert agreed("one, two, three", "1, 2, 4", " ", "en") == ["1,", "2,"]
+    assert continuation(["One,", "two,", "three,"], "1, 2, 3, 4. The fox.", " ", "en") == " 4. The fox."
 
 
 def test_a_looping_preview_keeps_its_text_up_to_the_loop():
@@ -128,27 +140,27 @@ def test_a_looping_preview_keeps_its_text_up_to_the_loop():
 
 
 def test_final_text_continues_what_was_sent():
-    assert continuation(["The", "quick"], "The quick brown fox.", " ") == " brown fox."
-    assert continuation([], "Hello world.", " ") == "Hello world."
+    assert continuation(["The", "quick"], "The quick brown fox.", " ", None) == " brown fox."
+    assert continuation([], "Hello world.", " ", None) == "Hello world."
     # The final decode changed a sent word: the sent text stands, the rest follows it.
-    assert continuation(["but", "weather"], "The weather today is fine.", " ") == " today is fine."
-    assert continuation(["Hello", "world."], "Hello world.", " ") == ""
+    assert continuation(["but", "weather"], "The weather today is fine.", " ", None) == " today is fine."
+    assert continuation(["Hello", "world."], "Hello world.", " ", None) == ""
     # Units split differently: aligned on letters and digits, nothing of the new text is lost.
     counted = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10.".split()
-    assert continuation(counted, "1-2-3-4-5-6-7-8-9-10. The quick brown fox.", " ") == " The quick brown fox."
-    assert continuation(["The", "quick", "brown"], "The quick, brown fox.", " ") == " fox."
-    assert continuation(["一", "二"], "一二三。", "") == "三。"
+    assert continuation(counted, "1-2-3-4-5-6-7-8-9-10. The quick brown fox.", " ", None) == " The quick brown fox."
+    assert continuation(["The", "quick", "brown"], "The quick, brown fox.", " ", None) == " fox."
+    assert continuation(["一", "二"], "一二三。", "", None) == "三。"
     # The final spells the sent part otherwise: the sent units stand for as many of its words.
-    assert continuation(["One,", "two,", "three,"], "1, 2, 3, 4. The quick brown fox.", " ") == " 4. The quick brown fox."
-    assert continuation(["Howdy,"], "Had he married a more amiable woman,", " ") == " he married a more amiable woman,"
+    assert continuation(["One,", "two,", "three,"], "1, 2, 3, 4. The quick brown fox.", " ", None) == " 4. The quick brown fox."
+    assert continuation(["Howdy,"], "Had he married a more amiable woman,", " ", None) == " he married a more amiable woman,"
     # A final unit the sent text covers only in part goes out whole: said twice, never lost.
-    assert continuation(["One,", "two,"], "1-2-3-4. The fox.", " ") == " 1-2-3-4. The fox."
+    assert continuation(["One,", "two,"], "1-2-3-4. The fox.", " ", None) == " 1-2-3-4. The fox."
 
 
 def test_a_preview_that_spells_the_sent_words_otherwise_goes_on_after_them():
-    assert extension(["One,", "two,"], "1, 2, 3, 4".split(), " ") == " 3, 4"
-    assert extension(["1,", "2,"], "1, 2, 3, 4".split(), " ") == " 3, 4"
-    assert extension(["One,", "two,"], ["1-2"], " ") == ""  # nothing past the sent words yet
+    assert extension(["One,", "two,"], "1, 2, 3, 4".split(), " ", None) == " 3, 4"
+    assert extension(["1,", "2,"], "1, 2, 3, 4".split(), " ", None) == " 3, 4"
+    assert extension(["One,", "two,"], ["1-2"], " ", None) == ""  # nothing past the sent words yet
 
 
 # ---- protocol ----

@@ -101,8 +101,8 @@ class _PreviewsThatMishear:
     def __init__(self, transcriber):
         self.adapter, self.gate, self.engine, self._real = transcriber.adapter, transcriber.gate, transcriber.engine, transcriber
 
-    async def transcribe(self, audio, options, live):
-        result = await self._real.transcribe(audio, options, live=live)
+    async def transcribe(self, audio, options, live_since):
+        result = await self._real.transcribe(audio, options, live_since=live_since)
         if options.max_new_tokens is None:
             return result
         return replace(result, text="Howdy, " + " ".join(result.text.split()[2:]), language="en")

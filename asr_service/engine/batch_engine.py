@@ -8,9 +8,10 @@ Whisper rules, token choice).
 
 Two lanes (engine/lane.py): live work (realtime) and bulk work (files), each with its own
 caches and queue. The live lane steps whenever it has rows, on its own, so a preview's tokens
-cost what a few rows cost rather than a full batch of file windows; the bulk lane steps and
-admits whenever the live lane is idle, and at least every BULK_TURN_S while it is not, so a
-busy realtime load slows file requests but never stalls them.
+cost what a few rows cost rather than a full batch of file windows, and its rows step a while
+between its admissions (LIVE_ADMISSION_GAP_S), so a decode that has started ends soon; the
+bulk lane steps and admits whenever the live lane is idle, and at least every BULK_TURN_S
+while it is not, so a busy realtime load slows file requests but never stalls them.
 
 Callers live on an asyncio loop; the model runs on a worker thread (torch releases the GIL
 inside kernels) and hands events back through each sequence's SequenceStream.
@@ -57,6 +58,11 @@ AUDIO_SIZED_MARGIN_S = 1.0
 LIVE_WINDOWS = 4
 # While live work decodes, bulk work still gets a turn (an admission and a step) this often.
 BULK_TURN_S = 1.0
+# While live decodes step, the next live admission waits until they have stepped this long since
+# the last one: an admission is an encoder pass (a tenth of a second to half a second), and
+# realtime sessions whose short previews arrive one after another would otherwise leave a long
+# decode (a session's first, unsure preview) one step per admission.
+LIVE_ADMISSION_GAP_S = 0.2
 
 
 class BatchEngine:
@@ -96,6 +102,7 @@ class BatchEngine:
                           audio_dtype)
         self._lanes = (self._live, self._bulk)
         self._bulk_turn_at = 0.0  # time.monotonic() of the bulk lane's last turn
+        self._live_admitted_at = 0.0  # time.monotonic() of the live lane's last admission
         self._wake = threading.Condition()
         self._stopping = False
         self._encoder = EncoderCache(self._encode_windows)
@@ -216,9 +223,10 @@ class BatchEngine:
     def _next_turn(self) -> tuple[list[Lane], list[tuple[Lane, list[DecodingSequence]]]] | None:
         """Wait for work; then the lanes that take this turn, and the sequences admitted into
         them: what fits in their free rows, up to max_encode_batch windows (None: the engine is
-        stopping). The live lane takes every turn; the bulk lane every turn the live lane is
-        idle, and one every BULK_TURN_S while it is not, when it is admitted first (with one
-        encoder window a turn, a live admission would otherwise take its place)."""
+        stopping). The live lane takes every turn, and admits when it has no rows or
+        LIVE_ADMISSION_GAP_S after its last admission; the bulk lane takes every turn the live
+        lane is idle, and one every BULK_TURN_S while it is not, when it is admitted first (with
+        one encoder window a turn, a live admission would otherwise take its place)."""
         with self._wake:
             while not self._stopping and not any(lane.busy for lane in self._lanes):
                 self._wake.wait()
@@ -232,6 +240,8 @@ class BatchEngine:
             admitted: list[tuple[Lane, list[DecodingSequence]]] = []
             windows = 0
             for lane in lanes:
+                if lane is self._live and lane.active and now - self._live_admitted_at < LIVE_ADMISSION_GAP_S:
+                    continue
                 seqs: list[DecodingSequence] = []
                 lane_windows = 0
                 while ((head := lane.head()) is not None and windows < self.max_encode_batch
@@ -245,6 +255,8 @@ class BatchEngine:
                         lane_windows += 1
                 if seqs:
                     admitted.append((lane, seqs))
+                    if lane is self._live:
+                        self._live_admitted_at = now
             return lanes, admitted
 
     def _encode_windows(self, windows: list[tuple[np.ndarray, bool]]) -> torch.Tensor:

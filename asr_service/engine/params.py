@@ -73,7 +73,8 @@ class Priority:
     speak: realtime) apart from bulk work, in a lane the engine serves first (the embedded
     engine: engine/lane.py); within each, the oldest work first: ``planned_at`` is
     time.monotonic() when the window it belongs to was planned, so a window's continuations and
-    retries go ahead of windows planned after it."""
+    retries go ahead of windows planned after it (live work: since when a person has waited for
+    its text)."""
 
     planned_at: float
     live: bool = False

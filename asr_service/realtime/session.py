@@ -12,7 +12,8 @@ event carries the true text (the page puts it in the preview's place).
 Every decode goes through the Transcriber, so the fused language prefix is parsed before any
 text is used, windows the speech gate hears nothing in give no text, and cancelling the
 worker (a client that went away) frees the engine slots. Every decode is live: the engine
-admits it ahead of file work waiting for a slot.
+admits it ahead of file work waiting for a slot, and among live work the text a person has
+waited longest for first (Utterance.shown_at).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -148,6 +150,9 @@ class Utterance:
     language: str | None = None  # fixed once text has been sent, so later decodes agree with it
     # The final decode started early, during a pause: (where the pause began, the decode).
     speculation: tuple[int, asyncio.Future] | None = None
+    # time.monotonic() when the person last saw this utterance's text grow (or when it began):
+    # its previews wait in the engine's live queue by this, so the staler text goes first.
+    shown_at: float = field(default_factory=time.monotonic)
 
     def drop_speculation(self) -> None:
         if self.speculation is not None:
@@ -311,7 +316,7 @@ class RealtimeSession:
             # A preview still running goes on: if speech resumes, its text is what the next
             # preview agrees with; if not, it costs a few live rows beside the final decode.
             decode = asyncio.ensure_future(self.transcriber.transcribe(utterance.audio(), self._final_options(),
-                                                                       live=True))
+                                                                       live_since=time.monotonic()))
             utterance.speculation = (pause, decode)
 
     def _split_long_utterance(self) -> None:
@@ -399,7 +404,7 @@ class RealtimeSession:
         options = replace(self._final_options(), language=utterance.language or self.config.language, beam_size=1,
                           fallback_temperatures=(), max_new_tokens=budget, name_language_of_silence=False,
                           audio_sized_encoder=self.transcriber.engine.audio_sized_encoder, draft=utterance.draft)
-        result = await self.transcriber.transcribe(audio, options, live=True)
+        result = await self.transcriber.transcribe(audio, options, live_since=utterance.shown_at)
         utterance.draft = (Draft(result.language, tuple(t for s in result.segments for t in s.tokens))
                            if result.language is not None and result.segments else None)
         if result.detection_failure is not None:
@@ -413,11 +418,12 @@ class RealtimeSession:
                   result.text, text)
         if utterance.previous is not None and utterance.previous[0] == latest[0] and latest[1]:
             joiner = self.transcriber.adapter.joiner(latest[0])
-            stable = agreed(utterance.previous[1], latest[1], joiner)
-            delta = extension(utterance.sent, stable, joiner)
+            stable = agreed(utterance.previous[1], latest[1], joiner, latest[0])
+            delta = extension(utterance.sent, stable, joiner, latest[0])
             if delta:
                 utterance.language = latest[0]
                 utterance.sent = stable
+                utterance.shown_at = time.monotonic()
                 self.emit(TextDelta(utterance.item_id, delta))
         utterance.previous = latest
 
@@ -428,7 +434,7 @@ class RealtimeSession:
             utterance.speculation = None
             if not early.cancelled() and early.exception() is None:
                 return early.result()
-        return await self.transcriber.transcribe(audio, self._final_options(), live=True)
+        return await self.transcriber.transcribe(audio, self._final_options(), live_since=time.monotonic())
 
     async def _finish(self, utterance: Utterance) -> None:
         audio = utterance.audio()
@@ -445,7 +451,8 @@ class RealtimeSession:
         # The final text is the decode's, never held to the previews: where it disagrees with
         # words already sent, the last delta only completes the preview, and the completed
         # event (which the page shows in its place) carries the true text.
-        rest = continuation(utterance.sent, result.text, self.transcriber.adapter.joiner(result.language))
+        rest = continuation(utterance.sent, result.text, self.transcriber.adapter.joiner(result.language),
+                            result.language)
         if rest:
             self.emit(TextDelta(utterance.item_id, rest))
         self.emit(Completed(utterance.item_id, result.text, result.language,
