@@ -46,14 +46,24 @@ def is_silent(f: DecodeFigures, t: QualityThresholds) -> bool:
     return t.log_prob is None or f.avg_logprob < t.log_prob
 
 
-def needs_fallback(f: DecodeFigures, t: QualityThresholds) -> bool:
+# The rules that reject a decode and send it to the fallback, by the names the metrics and the
+# log give them.
+UNPARSED = "unparsed"  # the fused prefix (language, task, timestamps) came apart
+COMPRESSION_RATIO = "compression_ratio"  # the text compresses like a repetition loop
+LOG_PROB = "avg_logprob"  # the text's tokens are on average unlikely
+
+
+def rejection(f: DecodeFigures, t: QualityThresholds) -> str | None:
+    """The rule the decode fails (it is tried again hotter), or None: it is kept."""
     if not f.parsed:
-        return True
+        return UNPARSED
     if is_silent(f, t):
-        return False  # a hotter decode of silence only invents more confidently
+        return None  # a hotter decode of silence only invents more confidently
     if t.compression_ratio is not None and f.compression_ratio > t.compression_ratio:
-        return True
-    return t.log_prob is not None and f.avg_logprob < t.log_prob
+        return COMPRESSION_RATIO
+    if t.log_prob is not None and f.avg_logprob < t.log_prob:
+        return LOG_PROB
+    return None
 
 
 def pick_best(attempts: list[DecodeFigures], t: QualityThresholds) -> int:
@@ -64,7 +74,7 @@ def pick_best(attempts: list[DecodeFigures], t: QualityThresholds) -> int:
     worse sampled decode is kept. Preferring decodes the model ended by itself would keep
     timestamp-mode loops that run to the window's end, so loops lose: faster-whisper's rule."""
     for i, f in enumerate(attempts):
-        if not needs_fallback(f, t):
+        if rejection(f, t) is None:
             return i
     candidates = [i for i, f in enumerate(attempts) if f.parsed]
     if t.compression_ratio is not None:

@@ -22,6 +22,7 @@ text never changes once it is released.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from dataclasses import dataclass, replace
 from contextlib import aclosing
@@ -46,6 +47,8 @@ from .word_timing import Word, snap_to_speech_onsets
 
 # faster-whisper's rule: context decoded this hot is too unreliable to condition the next chunk.
 PROMPT_RESET_TEMPERATURE = 0.5
+# The redecode rule of a window decoded again in the language the windows before it voted for.
+LANGUAGE_OUTLIER = "language_outlier"
 
 # Audio longer than this many windows opens with a first window of at most FIRST_WINDOW_S
 # (cut where the speech pauses), which decodes alone before the rest start: a window's decode
@@ -271,6 +274,7 @@ class Transcriber:
         fixed = replace(options, language=language, detection="fused")
         again = await WindowDecode(self.parts, fixed, previous_text, priority).run(outcome.window.rebuilt(audio))
         again.head.language_probs = head.language_probs  # what the window itself heard
+        again.redecodes = [*outcome.redecodes, LANGUAGE_OUTLIER, *again.redecodes]
         return again.released()
 
     async def _language_of_silence(self, audio: np.ndarray, options: TranscriptionOptions) -> tuple[str | None, float | None]:
@@ -333,6 +337,7 @@ class Transcriber:
             output_tokens=sum(len(o.result.token_ids) for o in outcomes if o.params is not None),
             finish_reason="length" if any(o.result.finish_reason == "length" for o in outcomes) else "stop",
             logprobs=logprobs if options.token_logprobs else None,
+            redecodes=dict(collections.Counter(rule for window in windows for rule in window.redecodes)),
         )
 
 

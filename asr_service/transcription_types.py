@@ -112,6 +112,9 @@ class TranscriptionResult:
     # text, else "stop": what vLLM and SGLang report as finish_reason.
     finish_reason: str = "stop"
     logprobs: list[TokenLogprob] | None = None  # with token_logprobs: every text token, in order
+    # Times part of a window was decoded again, by the rule that asked for it (fallback.py's,
+    # window_decode.py's, transcription.LANGUAGE_OUTLIER): /metrics counts them.
+    redecodes: dict[str, int] = field(default_factory=dict)
 
 
 # ---- what a run yields ----

@@ -12,12 +12,15 @@ continuations and retries are admitted ahead of later windows, so a request's wi
 in order and a stream's first text comes early.
 
 Whether a piece is silent, and so what text it keeps, is decided once, when its decode is
-parsed (ChunkOutcome.silent / kept_text).
+parsed (ChunkOutcome.silent / kept_text). Each time part of the window is decoded again, the
+outcome names the rule that asked for it (WindowOutcome.redecodes; the fallback's rules are in
+fallback.py), and the debug log says so with the figures that decided it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -28,14 +31,21 @@ from . import two_stage
 from .chunking import AudioChunk
 from .engine.interface import Engine
 from .engine.params import DecodeParams, Priority, SequenceResult, raise_if_failed
-from .fallback import DecodeFigures, compression_ratio, is_silent, needs_fallback, pick_best
+from .fallback import DecodeFigures, compression_ratio, is_silent, pick_best, rejection
 from .speech_gate import SpeechGate
 from .transcription_types import TokenLogprob, TranscriptionOptions
 from .word_timing import FRAMES_PER_SECOND, Word, word_times
 
+log = logging.getLogger(__name__)
+
 # Fallback retries sample with this seed (plus their index) when the request gives none: the
 # same request gets the same answer.
 FALLBACK_SEED = 0
+# The window-level rules that decode part of a window again (see _cuts and _resume_point).
+REPEATS_ACROSS_PAUSES = "repeats_across_pauses"  # cut at every left-out pause: the text compresses like a loop
+SEGMENT_ACROSS_PAUSE = "segment_across_pause"  # cut where a segment runs over a left-out pause
+OPEN_TIMESTAMP = "open_timestamp"  # continued: the decode ended on a segment's opening timestamp
+SPEECH_AFTER_TEXT = "speech_after_text"  # continued: the VAD hears speech after the last segment
 
 # The seek: a window whose decode stopped before its speech ended is decoded again from there.
 MAX_CONTINUATIONS = 3  # per window; each must make progress, so a loop cannot run on
@@ -59,6 +69,9 @@ class ChunkOutcome:
     figures: DecodeFigures
     silent: bool
     words: list[Word] = field(default_factory=list)  # with word_timestamps: timed within the chunk
+    # The fallback rule (fallback.rejection) the chunk's first decode failed: this is the best
+    # of the decodes tried after it (possibly the first again). None: the first decode passed.
+    rejected_by: str | None = None
 
     @property
     def kept_text(self) -> str:
@@ -75,6 +88,9 @@ class WindowOutcome:
 
     window: AudioChunk
     pieces: list[ChunkOutcome]
+    # Why parts of the window were decoded again, one rule name each time (a piece's fallback,
+    # a cut, a continuation, a language outlier): what the metrics count.
+    redecodes: list[str] = field(default_factory=list)
 
     @property
     def head(self) -> ChunkOutcome:
@@ -88,7 +104,8 @@ class WindowOutcome:
     def released(self) -> WindowOutcome:
         """The decoded window as kept until the response is assembled: the maps of the window
         and its pieces, without their samples (AudioChunk.released)."""
-        return WindowOutcome(self.window.released(), [replace(p, chunk=p.chunk.released()) for p in self.pieces])
+        return WindowOutcome(self.window.released(), [replace(p, chunk=p.chunk.released()) for p in self.pieces],
+                             self.redecodes)
 
 
 class TextJoin:
@@ -185,15 +202,18 @@ class WindowDecode:
         window's language, after the piece before it), or cut and decoded in parts."""
         head = await self._piece(window, self.options, self.previous_text, splits=True)
         options = replace(self.options, draft=None)  # a draft says what the window's start holds
-        cuts = self._cuts(head)
+        cuts, rule = self._cuts(head)
         if cuts:
-            return await self._parts(window, cuts, head)
-        outcome = WindowOutcome(window, [head])
+            log.debug("window at %.2f s cut at %d pauses (%s): %s", window.start, len(cuts), rule, head.figures)
+            return await self._parts(window, cuts, head, rule)
+        outcome = WindowOutcome(window, [head], _rejections(head))
         while len(outcome.pieces) <= MAX_CONTINUATIONS:
             last = outcome.pieces[-1].chunk
-            resume = await self._resume_point(outcome.pieces[-1])
+            resume, rule = await self._resume_point(outcome.pieces[-1])
             if resume is None:
                 break
+            log.debug("window at %.2f s continued at %.2f s (%s)", window.start, last.start + resume / last.sample_rate,
+                      rule)
             rest = last.tail(resume)
             language = options.language or outcome.head.parsed.language
             shown = TextJoin(self.adapter)
@@ -204,11 +224,13 @@ class WindowDecode:
             context = " ".join(t for t in (self.previous_text or options.previous_text, shown.text) if t) or None
             if context and self.engine.refusal(decode_params(self.adapter, options, language, context)) is not None:
                 context = None  # an engine that carries no prompt (SGLang without the plugin): the rest alone
-            outcome.pieces.append(await self._piece(rest, replace(options, language=language), context))
+            piece = await self._piece(rest, replace(options, language=language), context)
+            outcome.pieces.append(piece)
+            outcome.redecodes += [rule, *_rejections(piece)]
         return outcome
 
     # ---- cuts: a window that joins stretches of speech, decoded again in parts ----
-    def _cuts(self, piece: ChunkOutcome) -> list[int]:
+    def _cuts(self, piece: ChunkOutcome) -> tuple[list[int], str | None]:
         """Where (joins, as offsets into the window) a window that joins stretches of the audio
         is cut and decoded again as parts, when its first decode cannot be kept whole:
         - all of them when its text compresses like a repetition loop: several stretches of
@@ -220,19 +242,21 @@ class WindowDecode:
           sentence as often as not (copies of one recording above all), and a segment over a
           join is how that shows; speech of one turn on both sides of a long pause is rare.
         Each part then decodes on its own (and is cut again if it must be); a stretch that
-        still repeats itself goes to the temperature fallback."""
+        still repeats itself goes to the temperature fallback. Returns the cuts and the rule
+        that made them."""
         chunk, parsed, ratio = piece.chunk, piece.parsed, self.options.thresholds.compression_ratio
         if (not chunk.joins or piece.params is None or piece.figures.temperature != 0 or parsed.failure is not None
                 or piece.silent):
-            return []
+            return [], None
         joins = chunk.join_offsets
         if ratio is not None and piece.figures.compression_ratio > ratio:
-            return joins
+            return joins, REPEATS_ACROSS_PAUSES
         rate, margin = chunk.sample_rate, chunk.join_margin
-        return [j for j in joins if any(s.end is not None and s.start * rate < j - margin and j + margin < s.end * rate
-                                        for s in parsed.segments)]
+        across = [j for j in joins if any(s.end is not None and s.start * rate < j - margin and j + margin < s.end * rate
+                                          for s in parsed.segments)]
+        return across, SEGMENT_ACROSS_PAUSE if across else None
 
-    async def _parts(self, window: AudioChunk, cuts: list[int], first: ChunkOutcome) -> WindowOutcome:
+    async def _parts(self, window: AudioChunk, cuts: list[int], first: ChunkOutcome, rule: str) -> WindowOutcome:
         """The window decoded as the parts ``cuts`` make, each a window of its own (with its
         seek, its cuts and its fallback), their pieces in time order. The window's language
         detection stays its whole decode's."""
@@ -240,26 +264,27 @@ class WindowDecode:
                                                      self.priority).run(part) for part in window.split(cuts)))
         pieces = [piece for part in parts for piece in part.pieces]
         pieces[0].language_probs = first.language_probs
-        return WindowOutcome(window, pieces)
+        return WindowOutcome(window, pieces, [rule, *(r for part in parts for r in part.redecodes)])
 
     # ---- the seek ----
-    async def _resume_point(self, piece: ChunkOutcome) -> int | None:
+    async def _resume_point(self, piece: ChunkOutcome) -> tuple[int | None, str | None]:
         """Where speech in the piece's audio goes on past its text (samples into the piece),
-        or None. Two signs: the decode ended on an opening timestamp (the
+        or None, and the sign that says so: the decode ended on an opening timestamp (the
         model's own sign), or the VAD hears speech after the last segment's end. Both need
         timestamps: without them nothing says where the text stopped."""
         parsed, chunk = piece.parsed, piece.chunk
         if not self.options.timestamps or piece.params is None or parsed.failure is not None or piece.silent:
-            return None
+            return None, None
         if parsed.segments and parsed.segments[-1].end is None:
-            return None  # the text runs to the end of the audio (cut by the token budget)
+            return None, None  # the text runs to the end of the audio (cut by the token budget)
         if parsed.continues_at is not None:
-            resume = parsed.continues_at
+            resume, rule = parsed.continues_at, OPEN_TIMESTAMP
         else:
             resume = await self._uncovered_speech(chunk, parsed.segments[-1].end if parsed.segments else 0.0)
+            rule = SPEECH_AFTER_TEXT
         if resume is None or resume < SEEK_MIN_PROGRESS_S or chunk.duration - resume < SEEK_MIN_REST_S:
-            return None
-        return round(resume * chunk.sample_rate)
+            return None, None
+        return round(resume * chunk.sample_rate), rule
 
     async def _uncovered_speech(self, chunk: AudioChunk, covered: float) -> float | None:
         """Where (seconds into ``chunk``) a continuation should start, when the VAD hears at
@@ -292,11 +317,14 @@ class WindowDecode:
                                                        decode_params(self.adapter, options),
                                                        options.candidate_languages)
         first = await self._decode(chunk, decode_params(self.adapter, options, language, previous_text))
-        if (options.temperature > 0 or not options.fallback_temperatures
-                or not needs_fallback(first.figures, options.thresholds)
-                or (splits and self._cuts(first))):
+        rule = rejection(first.figures, options.thresholds)
+        if (options.temperature > 0 or not options.fallback_temperatures or rule is None
+                or (splits and self._cuts(first)[0])):
             return first
-        return await self._fallback(chunk, first, options, language or first.parsed.language, previous_text)
+        log.debug("chunk at %.2f-%.2f s decoded again hotter (%s): %s", chunk.start, chunk.end, rule, first.figures)
+        kept = await self._fallback(chunk, first, options, language or first.parsed.language, previous_text)
+        kept.rejected_by = rule
+        return kept
 
     async def _fallback(self, chunk: AudioChunk, first: ChunkOutcome, options: TranscriptionOptions,
                         language: str | None, previous_text: str | None) -> ChunkOutcome:
@@ -376,3 +404,8 @@ class WindowDecode:
         text_logprobs = [result.logprobs[j] for j in text_rows]
         timed = word_times(pieces, text_logprobs, np.concatenate([rows, end_row], axis=1), chunk.duration)
         return [replace(w, word=w.word.strip()) for w in timed if w.word.strip()]
+
+
+def _rejections(piece: ChunkOutcome) -> list[str]:
+    """The fallback rule the piece's first decode failed, as a list of the window's redecodes."""
+    return [piece.rejected_by] if piece.rejected_by is not None else []

@@ -31,6 +31,7 @@ import soundfile as sf
 from asr_service.runtime import QUANTIZATIONS
 from support.dialogue import Utterance, crossings, read_truth, write
 from support.packaged_model import ctranslate2_dir
+from support.redecodes import redecodes, redecodes_since
 from support.server_process import ServerProcess
 from support.transcript_score import score, subtitles
 
@@ -58,7 +59,9 @@ def service_rows(url: str, path: Path, truth: list[Utterance]) -> dict[str, dict
     rows = {}
     for name, fields in SERVICE_RUNS:
         fmt = fields["response_format"]
+        before = redecodes(url)
         r, seconds = service_request(url, path, fields)
+        found = redecodes_since(url, before)
         if fmt == "json":
             rows[name] = score(truth, r.json()["text"])
         elif fmt == "verbose_json":
@@ -68,6 +71,7 @@ def service_rows(url: str, path: Path, truth: list[Utterance]) -> dict[str, dict
             text, cues = subtitles(r.text)
             rows[name] = score(truth, text, cues=cues)
         rows[name]["seconds"] = round(seconds, 1)
+        rows[name]["redecodes"] = found  # why parts of windows were decoded again, by rule
     return rows
 
 

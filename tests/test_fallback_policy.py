@@ -2,7 +2,7 @@
 
 import pytest
 
-from asr_service.fallback import DecodeFigures, QualityThresholds, is_silent, needs_fallback, pick_best
+from asr_service.fallback import DecodeFigures, QualityThresholds, is_silent, pick_best, rejection
 from asr_service.language_vote import is_outlier, vote
 
 pytestmark = pytest.mark.unit
@@ -15,12 +15,12 @@ def figures(temperature=0.0, logprob=-0.2, ratio=1.0, no_speech=0.01, parsed=Tru
 
 
 def test_retry_triggers():
-    assert not needs_fallback(figures(), T)
-    assert needs_fallback(figures(ratio=2.5), T)  # compresses like a loop
-    assert needs_fallback(figures(logprob=-1.2), T)  # unlikely text
-    assert needs_fallback(figures(parsed=False), T)
+    assert rejection(figures(), T) is None
+    assert rejection(figures(ratio=2.5), T) == "compression_ratio"  # compresses like a loop
+    assert rejection(figures(logprob=-1.2), T) == "avg_logprob"  # unlikely text
+    assert rejection(figures(parsed=False), T) == "unparsed"
     # No speech and low confidence: silence, not retried (a hotter decode only invents more).
-    assert not needs_fallback(figures(logprob=-1.2, no_speech=0.9), T)
+    assert rejection(figures(logprob=-1.2, no_speech=0.9), T) is None
     assert is_silent(figures(logprob=-1.2, no_speech=0.9), T)
     assert not is_silent(figures(logprob=-0.3, no_speech=0.9), T)  # confident speech stays
     assert is_silent(figures(speech=False), T)

@@ -49,12 +49,14 @@ async def test_fallback_retries_hotter_until_it_passes_and_keeps_the_fused_prefi
     fox = load_clip("en", "quick_brown_fox")
     plain, decodes = await _count_decodes(runtime, fox, TranscriptionOptions(timestamps=True))
     assert decodes == 1 and plain.segments[0].temperature == 0.0  # a clean clip passes first time
+    assert plain.redecodes == {}  # and says nothing was decoded again
 
     # No decode can have an average log-probability above 0: every temperature is tried.
     strict = TranscriptionOptions(timestamps=True, seed=3, thresholds=QualityThresholds(log_prob=0.0))
     encoded_before = runtime.engine.encoder_windows
     result, decodes = await _count_decodes(runtime, fox, strict)
     assert decodes == 1 + len(strict.fallback_temperatures)
+    assert result.redecodes == {"avg_logprob": 1}  # the rule that sent it to the fallback, once
     assert runtime.engine.encoder_windows - encoded_before == 1  # the retries reuse the encoder output
     # The retries kept the first decode's language (its prefix went into their prompt).
     assert result.language == "en" and all(s.language == "en" for s in result.segments)
@@ -73,6 +75,7 @@ async def test_a_repetition_loop_is_decoded_again(runtime):
     result, decodes = await _count_decodes(runtime, noise, TranscriptionOptions(seed=1, vad_filter=False))
     assert decodes > 1, result.text
     assert result.segments == [] or max(s.compression_ratio for s in result.segments) <= 2.4
+    assert set(result.redecodes) <= {"compression_ratio", "avg_logprob", "unparsed"} and result.redecodes, result.redecodes
 
 
 async def test_a_stream_never_shows_the_loop_its_fallback_replaces(runtime):

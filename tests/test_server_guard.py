@@ -17,6 +17,7 @@ import websockets
 
 from asr_service.server.auth import ApiKeys, keys_from
 from support.clips import clip_path, load_clip
+from support.redecodes import redecodes, redecodes_since
 from tests.test_audio import one_hertz_bomb
 from tests.test_server_api import assert_openai_error, wav_bytes
 
@@ -245,6 +246,16 @@ def test_metrics_report_requests_engine_and_detection(server):
     assert set(phases) == {"encoder", "prefill", "decoder_layers", "vocabulary_projection", "logits_pipeline",
                            "beam_search", "word_alignment"}
     assert all(phases[p] > 0 for p in ("encoder", "decoder_layers", "vocabulary_projection", "logits_pipeline"))
+
+
+def test_metrics_count_redecodes_by_the_rule_that_asked(server):
+    """A window sent to the temperature fallback is counted under the rule it failed: no decode
+    has an average log-probability above 0, so log_prob_threshold=0 fails every one."""
+    before = redecodes(server.url, auth())
+    r = httpx.post(server.url + "/v1/audio/transcriptions", headers=auth(), files=clip_upload(),
+                   data={"log_prob_threshold": "0"}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert redecodes_since(server.url, before, auth()) == {"avg_logprob": 1}
 
 
 # ---- deadline and shutdown: a server of their own ----

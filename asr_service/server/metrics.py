@@ -1,7 +1,8 @@
 """Prometheus metrics (prometheus-client), one registry per app.
 
 Counted as things happen: requests by endpoint and status, their latency, audio seconds
-transcribed, detection outcomes by language, requests refused by backpressure. Read from the
+transcribed, detection outcomes by language, window redecodes by the rule that asked for them,
+requests refused by backpressure. Read from the
 engine and the server when /metrics is scraped: queue depth, active sequences, batch size per
 decode step, tokens decoded (rate() of it is tokens per second), the engine's time by phase,
 pending work, realtime sessions, warmup time.
@@ -42,6 +43,10 @@ class ServerMetrics:
         self.detections = Counter("asr_language_detections",
                                   "Requests without a language: the detected language, or outcome=failed",
                                   ["language", "outcome"], registry=self.registry)
+        self.redecodes = Counter("asr_redecodes", "Parts of windows decoded again, by the rule that asked for it "
+                                 "(unparsed, compression_ratio, avg_logprob: the temperature fallback; "
+                                 "repeats_across_pauses, segment_across_pause: cut at pauses; open_timestamp, "
+                                 "speech_after_text: continued; language_outlier)", ["rule"], registry=self.registry)
         self.rejected = Counter("asr_rejected_requests", "Requests refused before any work (backpressure, draining)",
                                 ["reason"], registry=self.registry)
 
@@ -51,6 +56,10 @@ class ServerMetrics:
 
     def detection(self, language: str | None) -> None:
         self.detections.labels(language or "none", "detected" if language else "failed").inc()
+
+    def redecoded(self, redecodes: dict[str, int]) -> None:
+        for rule, times in redecodes.items():
+            self.redecodes.labels(rule).inc(times)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

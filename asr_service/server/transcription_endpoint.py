@@ -270,8 +270,10 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
                                                     clips)
                 rendered = _until_grace_over(rendered, state.door)
                 async for item in _with_deadline(rendered, remaining, timeout):
-                    if req.options.language is None and isinstance(item, StreamDone):
-                        state.metrics.detection(item.result.language)
+                    if isinstance(item, StreamDone):
+                        state.metrics.redecoded(item.result.redecodes)
+                        if req.options.language is None:
+                            state.metrics.detection(item.result.language)
                     elif isinstance(item, StreamFailed) and item.code == "language_detection_failed":
                         state.metrics.detection(None)
                     yield item
@@ -303,6 +305,7 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
     if result is None:
         return Response(status_code=499)
     state.metrics.audio_seconds.labels(endpoint).inc(seconds)
+    state.metrics.redecoded(result.redecodes)
     if req.options.language is None:
         state.metrics.detection(result.language)
     return _respond(result, req)
