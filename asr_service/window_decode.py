@@ -44,6 +44,7 @@ FALLBACK_SEED = 0
 # The window-level rules that decode part of a window again (see _cuts and _resume_point).
 REPEATS_ACROSS_PAUSES = "repeats_across_pauses"  # cut at every left-out pause: the text compresses like a loop
 SEGMENT_ACROSS_PAUSE = "segment_across_pause"  # cut where a segment runs over a left-out pause
+REPEATS_AT_PAUSES = "repeats_at_pauses"  # cut at a pause the VAD hears: a sure decode that repeats itself
 OPEN_TIMESTAMP = "open_timestamp"  # continued: the decode ended on a segment's opening timestamp
 SPEECH_AFTER_TEXT = "speech_after_text"  # continued: the VAD hears speech after the last segment
 
@@ -54,6 +55,9 @@ SEEK_MIN_REST_S = 0.5  # and has at least this much audio to decode
 SEGMENT_END_SLACK_S = 0.5  # Whisper often times a segment's end a little before the speech ends
 UNCOVERED_SPEECH_S = 0.4  # this much speech heard after the last segment: the decode missed some
 SEEK_LEAD_S = 0.4  # a continuation starts this far before the speech it is for
+# Cuts at a window's own pauses (_cuts): a pause this long, parts at least this long.
+PAUSE_CUT_MIN_SILENCE_S = 0.3
+MIN_PART_S = 2.0
 
 
 @dataclass
@@ -200,12 +204,16 @@ class WindowDecode:
         """The window's final outcome: decoded, continued (seek) while a piece stopped before
         the speech in it ended (the rest decoded again from where the text stopped, in the
         window's language, after the piece before it), or cut and decoded in parts."""
-        head = await self._piece(window, self.options, self.previous_text, splits=True)
+        first, language = await self._first_decode(window, self.options, self.previous_text)
         options = replace(self.options, draft=None)  # a draft says what the window's start holds
-        cuts, rule = self._cuts(head)
+        cuts, rule = await self._cuts(first)
         if cuts:
-            log.debug("window at %.2f s cut at %d pauses (%s): %s", window.start, len(cuts), rule, head.figures)
-            return await self._parts(window, cuts, head, rule)
+            log.debug("window at %.2f s cut at %d pauses (%s): %s", window.start, len(cuts), rule, first.figures)
+            # Parts cut at the window's own pauses repeat what it says: decoded without the text
+            # before them, which would let Whisper skip a sentence it has just written.
+            context = None if rule == REPEATS_AT_PAUSES else self.previous_text
+            return await self._parts(window, cuts, first, rule, context)
+        head = await self._judged(first, language, self.options, self.previous_text)
         outcome = WindowOutcome(window, [head], _rejections(head))
         while len(outcome.pieces) <= MAX_CONTINUATIONS:
             last = outcome.pieces[-1].chunk
@@ -230,7 +238,7 @@ class WindowDecode:
         return outcome
 
     # ---- cuts: a window that joins stretches of speech, decoded again in parts ----
-    def _cuts(self, piece: ChunkOutcome) -> tuple[list[int], str | None]:
+    async def _cuts(self, piece: ChunkOutcome) -> tuple[list[int], str | None]:
         """Where (joins, as offsets into the window) a window that joins stretches of the audio
         is cut and decoded again as parts, when its first decode cannot be kept whole:
         - all of them when its text compresses like a repetition loop: several stretches of
@@ -241,30 +249,58 @@ class WindowDecode:
           speech after it: Whisper writes a sentence said again after a short pause as one
           sentence as often as not (copies of one recording above all), and a segment over a
           join is how that shows; speech of one turn on both sides of a long pause is rare.
+        - in a window that leaves no pause out, whose text compresses like a loop although the
+          model is sure of it (its average log-probability passes): at the pause the VAD hears
+          nearest its middle (_pause_near_middle). A sure decode that repeats itself is
+          most often speech that repeats (the sampled retries would write something else, and
+          drop the repeats); a part that still repeats is cut again, down to MIN_PART_S. It
+          takes the fallback's place, so not where the fallback is off.
         Each part then decodes on its own (and is cut again if it must be); a stretch that
         still repeats itself goes to the temperature fallback. Returns the cuts and the rule
         that made them."""
         chunk, parsed, ratio = piece.chunk, piece.parsed, self.options.thresholds.compression_ratio
-        if (not chunk.joins or piece.params is None or piece.figures.temperature != 0 or parsed.failure is not None
-                or piece.silent):
+        if piece.params is None or piece.figures.temperature != 0 or parsed.failure is not None or piece.silent:
             return [], None
         joins = chunk.join_offsets
-        if ratio is not None and piece.figures.compression_ratio > ratio:
+        repeats = ratio is not None and piece.figures.compression_ratio > ratio
+        if repeats and joins:
             return joins, REPEATS_ACROSS_PAUSES
+        if repeats:
+            thresholds = self.options.thresholds
+            sure = thresholds.log_prob is None or piece.figures.avg_logprob >= thresholds.log_prob
+            # In place of the fallback: not for a decode asked to be taken as it is.
+            cut = await self._pause_near_middle(chunk) if sure and self.options.fallback_temperatures else None
+            return ([cut], REPEATS_AT_PAUSES) if cut is not None else ([], None)
         rate, margin = chunk.sample_rate, chunk.join_margin
         across = [j for j in joins if any(s.end is not None and s.start * rate < j - margin and j + margin < s.end * rate
                                           for s in parsed.segments)]
         return across, SEGMENT_ACROSS_PAUSE if across else None
 
-    async def _parts(self, window: AudioChunk, cuts: list[int], first: ChunkOutcome, rule: str) -> WindowOutcome:
+    async def _parts(self, window: AudioChunk, cuts: list[int], first: ChunkOutcome, rule: str,
+                     previous_text: str | None) -> WindowOutcome:
         """The window decoded as the parts ``cuts`` make, each a window of its own (with its
         seek, its cuts and its fallback), their pieces in time order. The window's language
         detection stays its whole decode's."""
-        parts = await asyncio.gather(*(WindowDecode(self.parts, replace(self.options, draft=None), self.previous_text,
+        parts = await asyncio.gather(*(WindowDecode(self.parts, replace(self.options, draft=None), previous_text,
                                                      self.priority).run(part) for part in window.split(cuts)))
         pieces = [piece for part in parts for piece in part.pieces]
         pieces[0].language_probs = first.language_probs
         return WindowOutcome(window, pieces, [rule, *(r for part in parts for r in part.redecodes)])
+
+    async def _pause_near_middle(self, chunk: AudioChunk) -> int | None:
+        """The middle of the pause (at least PAUSE_CUT_MIN_SILENCE_S of silence, by the VAD)
+        nearest the chunk's middle that leaves at least MIN_PART_S on each side (samples into
+        the chunk), or None."""
+        if self.gate is None or not self.options.vad_filter:
+            return None
+        rate, length = chunk.sample_rate, chunk.samples.shape[0]
+        if length < 2 * MIN_PART_S * rate:
+            return None
+        regions = await self.parts.gate_work(self.gate.speech_regions, chunk.samples, PAUSE_CUT_MIN_SILENCE_S,
+                                             self.options.vad.threshold)
+        pauses = [(end + start) // 2 for (_, end), (start, _) in zip(regions, regions[1:])]
+        inside = [p for p in pauses if MIN_PART_S * rate <= p <= length - MIN_PART_S * rate]
+        return min(inside, key=lambda p: abs(p - length // 2)) if inside else None
 
     # ---- the seek ----
     async def _resume_point(self, piece: ChunkOutcome) -> tuple[int | None, str | None]:
@@ -304,23 +340,33 @@ class WindowDecode:
         return max(covered, (offset + regions[0][0]) / rate - SEEK_LEAD_S)
 
     # ---- one piece: a decode judged by the fallback policy ----
-    async def _piece(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None,
-                     splits: bool = False) -> ChunkOutcome:
+    async def _piece(self, chunk: AudioChunk, options: TranscriptionOptions, previous_text: str | None) -> ChunkOutcome:
         """The chunk's kept decode: the first, or the best of the fallback's when the first
-        fails the thresholds. With ``splits``, a decode that the chunk must be cut for (_cuts)
-        is returned as it is: the caller decodes the parts."""
+        fails the thresholds."""
+        first, language = await self._first_decode(chunk, options, previous_text)
+        return await self._judged(first, language, options, previous_text)
+
+    async def _first_decode(self, chunk: AudioChunk, options: TranscriptionOptions,
+                            previous_text: str | None) -> tuple[ChunkOutcome, str | None]:
+        """The chunk's first decode (none when the speech gate hears no speech in it), and the
+        language it was asked for (None: detected in the same decode)."""
         if not await self._hears_speech(chunk):
-            return self._no_speech_outcome(chunk)
+            return self._no_speech_outcome(chunk), None
         language = options.language
         if language is None and options.detection == "two-stage":
             language = await two_stage.detect_language(self.engine, self.adapter, chunk,
                                                        decode_params(self.adapter, options),
                                                        options.candidate_languages)
-        first = await self._decode(chunk, decode_params(self.adapter, options, language, previous_text))
+        return await self._decode(chunk, decode_params(self.adapter, options, language, previous_text)), language
+
+    async def _judged(self, first: ChunkOutcome, language: str | None, options: TranscriptionOptions,
+                      previous_text: str | None) -> ChunkOutcome:
+        """The decode to keep: ``first`` (asked for in ``language``), or the best of the
+        fallback's when it fails the thresholds."""
         rule = rejection(first.figures, options.thresholds)
-        if (options.temperature > 0 or not options.fallback_temperatures or rule is None
-                or (splits and self._cuts(first)[0])):
+        if options.temperature > 0 or not options.fallback_temperatures or rule is None or first.params is None:
             return first
+        chunk = first.chunk
         log.debug("chunk at %.2f-%.2f s decoded again hotter (%s): %s", chunk.start, chunk.end, rule, first.figures)
         kept = await self._fallback(chunk, first, options, language or first.parsed.language, previous_text)
         kept.rejected_by = rule

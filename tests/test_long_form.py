@@ -116,6 +116,24 @@ async def test_a_phrase_said_again_after_each_pause_is_kept_every_time(runtime):
     assert len(starts) == 8 and all(abs(a - b) < 0.6 for a, b in zip(starts, said)), (starts, said)
 
 
+@pytest.mark.parametrize("timestamps", [False, True], ids=["text", "timestamps"])
+async def test_short_phrases_said_again_after_short_pauses_are_kept_every_time(runtime, timestamps):
+    """Three clips with half-second pauses (none left out of a window), said seven times over (a minute)
+    with faint noise: the temperature-0 decode is sure of its text, which compresses like a
+    loop because the speech repeats. The window is cut at the pause nearest its middle and the
+    halves decoded again (again where they still repeat), never replaced by a sampled guess:
+    every phrase is kept every time, and the redecodes name the rule."""
+    gap = np.zeros(SR // 2, np.float32)
+    names = ("counting", "hello_world", "quick_brown_fox")
+    audio = np.concatenate([part for _ in range(7) for n in names for part in (load_clip("en", n), gap)])
+    audio = audio + (0.003 * np.random.default_rng(0).standard_normal(audio.size)).astype(np.float32)
+    result = await runtime.transcriber.transcribe(audio, TranscriptionOptions(timestamps=timestamps, beam_size=5))
+    words = normalize(result.text).split()
+    assert words == [w for n in names for w in normalize(reference("en", n)).split()] * 7, result.text
+    assert "repeats_at_pauses" in result.redecodes
+    assert all(s.temperature == 0.0 for s in result.segments)
+
+
 class _Recording:
     """The real engine, keeping each decode it is given (params and stream) for inspection."""
 
