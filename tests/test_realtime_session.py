@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from asr_service.fallback import QualityThresholds
 from asr_service.realtime.session import Completed, RealtimeSession, SessionConfig, SessionError, TextDelta
 from asr_service.realtime.turn_detection import TurnDetectionSettings
 from asr_service.request_options import build_options
@@ -20,11 +21,13 @@ def file_decode(runtime):
 
 
 async def run_session(runtime, audio: np.ndarray, config: SessionConfig, commit: bool = False, transcriber=None,
-                      frame: int = 1600, pause_s: float = 0.0) -> list:
+                      frame: int = 1600, pause_s: float = 0.0, decode=None) -> list:
     """The session's events for ``audio`` sent in frames (100 ms by default), ``pause_s``
-    between them (0: as fast as the session takes them)."""
+    between them (0: as fast as the session takes them); ``decode``: the file decode options
+    (file_decode's by default)."""
     events = []
-    session = RealtimeSession(transcriber or runtime.transcriber, events.append, file_decode(runtime), config=config)
+    session = RealtimeSession(transcriber or runtime.transcriber, events.append, decode or file_decode(runtime),
+                              config=config)
     worker = asyncio.create_task(session.run())
     try:
         for i in range(0, len(audio), frame):
@@ -91,6 +94,14 @@ async def test_a_committed_utterance_gets_the_decode_a_file_of_it_gets(runtime, 
     clip = load_clip(language, name)
     events = await run_session(runtime, clip, SessionConfig(), commit=True)
     assert list(texts_by_item(events).values()) == [(await runtime.transcriber.transcribe(clip, file_decode(runtime))).text]
+
+
+async def test_the_completed_event_says_why_its_final_decode_was_decoded_again(runtime):
+    """The final decode's redecodes travel with its completed event (the server counts them):
+    no decode has an average log-probability above 0, so with that threshold the fallback runs."""
+    strict = replace(file_decode(runtime), thresholds=QualityThresholds(log_prob=0.0))
+    events = await run_session(runtime, load_clip("en", "hello_world"), SessionConfig(), commit=True, decode=strict)
+    assert [e.redecodes for e in events if isinstance(e, Completed)] == [{"avg_logprob": 1}]
 
 
 class _PreviewsThatMishear:

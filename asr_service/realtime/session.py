@@ -119,6 +119,7 @@ class Completed:
     seconds: float
     prompt_tokens: int
     output_tokens: int
+    redecodes: dict[str, int] = field(default_factory=dict)  # the final decode's (TranscriptionResult.redecodes)
 
 
 @dataclass(frozen=True)
@@ -457,4 +458,4 @@ class RealtimeSession:
             self.emit(TextDelta(utterance.item_id, rest))
         self.emit(Completed(utterance.item_id, result.text, result.language,
                             seconds=round(audio.shape[0] / SAMPLE_RATE, 3), prompt_tokens=result.prompt_tokens,
-                            output_tokens=result.output_tokens))
+                            output_tokens=result.output_tokens, redecodes=result.redecodes))

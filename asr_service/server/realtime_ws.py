@@ -63,6 +63,7 @@ class RealtimeConnection:
     def _emit(self, event) -> None:
         if isinstance(event, Completed) and self.metrics is not None:
             self.metrics.audio_seconds.labels("/v1/realtime").inc(event.seconds)
+            self.metrics.redecoded(event.redecodes)
             if self.session.config.language is None:
                 self.metrics.detection(event.language)
         body = protocol.render(event, self.dialect)
