@@ -17,7 +17,9 @@ from asr_service.transcription import Transcriber
 from asr_service.transcription_types import Finished, TranscriptionOptions
 from asr_service.window_decode import WindowDecode, decode_params
 
+from asr_service.request_options import build_options
 from support.clips import load_clip, reference
+from support.dialogue import VOICES, synthesize
 from support.textnorm import normalize
 
 pytestmark = pytest.mark.model
@@ -132,6 +134,23 @@ async def test_short_phrases_said_again_after_short_pauses_are_kept_every_time(r
     assert words == [w for n in names for w in normalize(reference("en", n)).split()] * 7, result.text
     assert "repeats_at_pauses" in result.redecodes
     assert all(s.temperature == 0.0 for s in result.segments)
+
+
+@pytest.mark.parametrize("voice, times, pauses", [("A", 6, "varied"), ("D", 9, "equal")])
+async def test_a_sentence_said_again_and_again_is_kept_every_time(runtime, tmp_path, voice, times, pauses):
+    """One sentence said N times by a synthetic voice (Festival's, espeak-ng's), with pauses
+    short enough to stay inside a window, all equal or varied: the default decode (timestamps,
+    beams, fallback) keeps it N times, at the N places it is said."""
+    sentence = "The first trip is on the twelfth of March, and we leave from the north gate at seven."
+    said = synthesize(VOICES[voice], sentence, tmp_path)
+    gaps = [0.5] * times if pauses == "equal" else list(np.random.default_rng(3).uniform(0.35, 1.2, times))
+    audio = np.concatenate([part for gap in gaps for part in (said, np.zeros(int(gap * SR), np.float32))])
+    options = build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
+    result = await runtime.transcriber.transcribe(audio, options)
+    assert normalize(result.text).count("the first") == times, result.text
+    starts = [s.start for s in result.segments if normalize(s.text).startswith("the first")]
+    offsets = np.cumsum([0.0] + [said.shape[0] / SR + gap for gap in gaps[:-1]])
+    assert len(starts) == times and all(abs(a - b) < 1.0 for a, b in zip(starts, offsets)), (starts, offsets)
 
 
 class _Recording:
