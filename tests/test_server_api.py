@@ -376,15 +376,17 @@ def test_vllms_sampling_extras_apply(server):
 
 
 def test_the_same_request_gets_the_same_answer(server):
-    """temperature=0 is deterministic, fallback included: a file of one passage said five times
-    (repetition is what sends a window to the sampling fallback) gives one answer, run after run."""
+    """temperature=0 is deterministic, fallback included: a file of one passage said five times,
+    with a log-probability threshold no decode passes (so every window runs the whole sampled
+    fallback and no rule takes its place), gives one answer, run after run."""
     gap = np.zeros(8000, np.float32)
     passage = np.concatenate([load_clip("en", "quick_brown_fox"), gap, load_clip("en", "counting"), gap,
                               load_clip("en", "hello_world"), gap])
     audio = wav_bytes(np.concatenate([passage] * 5))  # 42.5 s: two windows
     answers = []
     for _ in range(2):
-        r = post(server, {"response_format": "verbose_json"}, {"file": ("ten.wav", audio, "audio/wav")})
+        r = post(server, {"response_format": "verbose_json", "log_prob_threshold": "0"},
+                 {"file": ("ten.wav", audio, "audio/wav")})
         assert r.status_code == 200, r.text
         body = r.json()
         # Everything but the float figures (avg_logprob, no_speech_prob): windows batched at other
