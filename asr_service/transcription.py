@@ -245,12 +245,13 @@ class Transcriber:
         return asyncio.ensure_future(work())
 
     def _context_after(self, outcome: WindowOutcome, previous: str | None, options: TranscriptionOptions) -> str | None:
-        """The text the next window is conditioned on (condition_on_previous_text)."""
+        """The text the next window is conditioned on (condition_on_previous_text): none after a
+        window decoded hot, or one where the decode skipped speech (it may skip it again)."""
         text = TextJoin(self.adapter).add(outcome.kept_texts())
         if not text:
             return previous
         hot = any(p.figures.temperature > PROMPT_RESET_TEMPERATURE for p in outcome.pieces)
-        return None if hot else text
+        return None if hot or outcome.found_skipped_speech else text
 
     # ---- the whole request ----
     def _vote(self, outcomes: list[WindowOutcome], options: TranscriptionOptions) -> tuple[str | None, float | None]:

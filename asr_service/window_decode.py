@@ -32,6 +32,7 @@ from .chunking import AudioChunk
 from .engine.interface import Engine
 from .engine.params import DecodeParams, Priority, SequenceResult, raise_if_failed
 from .fallback import DecodeFigures, compression_ratio, is_silent, pick_best, rejection
+from .speech_coverage import DecodedSpan, pause_near, paces, thin_spans
 from .speech_gate import SpeechGate
 from .transcription_types import TokenLogprob, TranscriptionOptions
 from .word_timing import FRAMES_PER_SECOND, Word, word_times
@@ -47,6 +48,11 @@ SEGMENT_ACROSS_PAUSE = "segment_across_pause"  # cut where a segment runs over a
 REPEATS_AT_PAUSES = "repeats_at_pauses"  # cut at a pause the VAD hears: a sure decode that repeats itself
 OPEN_TIMESTAMP = "open_timestamp"  # continued: the decode ended on a segment's opening timestamp
 SPEECH_AFTER_TEXT = "speech_after_text"  # continued: the VAD hears speech after the last segment
+EVERY_TEMPERATURE_FAILS = "every_temperature_fails"  # cut at a pause: no decode passed the thresholds
+THIN_SEGMENT = "thin_segment"  # cut at a pause under a segment too thin for its speech (speech_coverage)
+# The rules that find a decode skipped speech it heard, most often speech that says again what
+# the text before it says: the window after one is not conditioned on its text either.
+COVERAGE_RULES = frozenset({REPEATS_ACROSS_PAUSES, REPEATS_AT_PAUSES, EVERY_TEMPERATURE_FAILS, THIN_SEGMENT})
 
 # The seek: a window whose decode stopped before its speech ended is decoded again from there.
 MAX_CONTINUATIONS = 3  # per window; each must make progress, so a loop cannot run on
@@ -104,6 +110,11 @@ class WindowOutcome:
     def kept_texts(self) -> list[tuple[str | None, str]]:
         """(language, text) of each piece that holds text in the result."""
         return [(p.parsed.language, p.kept_text) for p in self.pieces if p.kept_text]
+
+    @property
+    def found_skipped_speech(self) -> bool:
+        """A coverage rule (COVERAGE_RULES) decoded part of the window again."""
+        return any(rule in COVERAGE_RULES for rule in self.redecodes)
 
     def released(self) -> WindowOutcome:
         """The decoded window as kept until the response is assembled: the maps of the window
@@ -193,12 +204,20 @@ class WindowDecode:
     """The decode of one window under ``options``, conditioned on ``previous_text`` (the text
     before the window, when the request conditions on it); ``priority``: see the module."""
 
-    def __init__(self, parts: DecodeParts, options: TranscriptionOptions, previous_text: str | None, priority: Priority):
+    def __init__(self, parts: DecodeParts, options: TranscriptionOptions, previous_text: str | None, priority: Priority,
+                 parts_when_all_fail: bool = True, pace_reference: tuple[float, ...] = ()):
         self.parts = parts
         self.engine, self.adapter, self.gate = parts.engine, parts.adapter, parts.gate
         self.options = options
         self.previous_text = previous_text
         self.priority = priority
+        # EVERY_TEMPERATURE_FAILS cuts once: on audio no decode is sure of (noise, a language
+        # the model barely knows) halves of halves would multiply the fallback's work.
+        self.parts_when_all_fail = parts_when_all_fail
+        # The voice's pace (speech_coverage.paces) in the decodes of the windows this one was
+        # cut from: a part of a few segments is judged thin against them too.
+        self.pace_reference = pace_reference
+        self._speech: dict[tuple[int, int], list[tuple[int, int]]] = {}  # _regions, by chunk
 
     async def run(self, window: AudioChunk) -> WindowOutcome:
         """The window's final outcome: decoded, continued (seek) while a piece stopped before
@@ -214,6 +233,11 @@ class WindowDecode:
             context = None if rule == REPEATS_AT_PAUSES else self.previous_text
             return await self._parts(window, cuts, first, rule, context)
         head = await self._judged(first, language, self.options, self.previous_text)
+        cut = await self._cut_when_all_fail(head)
+        if cut is not None:
+            log.debug("window at %.2f s cut at %.2f s (%s): %s", window.start, cut / window.sample_rate,
+                      EVERY_TEMPERATURE_FAILS, head.figures)
+            return await self._parts(window, [cut], first, EVERY_TEMPERATURE_FAILS, None, _rejections(head))
         outcome = WindowOutcome(window, [head], _rejections(head))
         while len(outcome.pieces) <= MAX_CONTINUATIONS:
             last = outcome.pieces[-1].chunk
@@ -235,6 +259,11 @@ class WindowDecode:
             piece = await self._piece(rest, replace(options, language=language), context)
             outcome.pieces.append(piece)
             outcome.redecodes += [rule, *_rejections(piece)]
+        cut = await self._thin_cut(outcome)
+        if cut is not None:
+            # Decoded without the text before: what the kept decode skipped is often what that
+            # text already says.
+            return await self._parts(window, [cut], first, THIN_SEGMENT, None, outcome.redecodes)
         return outcome
 
     # ---- cuts: a window that joins stretches of speech, decoded again in parts ----
@@ -251,7 +280,7 @@ class WindowDecode:
           join is how that shows; speech of one turn on both sides of a long pause is rare.
         - in a window that leaves no pause out, whose text compresses like a loop although the
           model is sure of it (its average log-probability passes): at the pause the VAD hears
-          nearest its middle (_pause_near_middle). A sure decode that repeats itself is
+          nearest its middle (_pause_near). A sure decode that repeats itself is
           most often speech that repeats (the sampled retries would write something else, and
           drop the repeats); a part that still repeats is cut again, down to MIN_PART_S. It
           takes the fallback's place, so not where the fallback is off.
@@ -269,7 +298,7 @@ class WindowDecode:
             thresholds = self.options.thresholds
             sure = thresholds.log_prob is None or piece.figures.avg_logprob >= thresholds.log_prob
             # In place of the fallback: not for a decode asked to be taken as it is.
-            cut = await self._pause_near_middle(chunk) if sure and self.options.fallback_temperatures else None
+            cut = await self._pause_near(chunk) if sure and self.options.fallback_temperatures else None
             return ([cut], REPEATS_AT_PAUSES) if cut is not None else ([], None)
         rate, margin = chunk.sample_rate, chunk.join_margin
         across = [j for j in joins if any(s.end is not None and s.start * rate < j - margin and j + margin < s.end * rate
@@ -277,30 +306,75 @@ class WindowDecode:
         return across, SEGMENT_ACROSS_PAUSE if across else None
 
     async def _parts(self, window: AudioChunk, cuts: list[int], first: ChunkOutcome, rule: str,
-                     previous_text: str | None) -> WindowOutcome:
+                     previous_text: str | None, redecoded: list[str] = ()) -> WindowOutcome:
         """The window decoded as the parts ``cuts`` make, each a window of its own (with its
         seek, its cuts and its fallback), their pieces in time order. The window's language
-        detection stays its whole decode's."""
+        detection stays its whole decode's. ``redecoded``: the window's redecodes before the cut."""
+        again = self.parts_when_all_fail and rule != EVERY_TEMPERATURE_FAILS
+        regions = await self._regions(window)
+        pace = self.pace_reference + tuple(paces([DecodedSpan(0, first.parsed, window.length)], regions or [],
+                                                 window.sample_rate))
         parts = await asyncio.gather(*(WindowDecode(self.parts, replace(self.options, draft=None), previous_text,
-                                                     self.priority).run(part) for part in window.split(cuts)))
+                                                     self.priority, again, pace).run(part) for part in window.split(cuts)))
         pieces = [piece for part in parts for piece in part.pieces]
         pieces[0].language_probs = first.language_probs
-        return WindowOutcome(window, pieces, [rule, *(r for part in parts for r in part.redecodes)])
+        return WindowOutcome(window, pieces, [*redecoded, rule, *(r for part in parts for r in part.redecodes)])
 
-    async def _pause_near_middle(self, chunk: AudioChunk) -> int | None:
-        """The middle of the pause (at least PAUSE_CUT_MIN_SILENCE_S of silence, by the VAD)
-        nearest the chunk's middle that leaves at least MIN_PART_S on each side (samples into
-        the chunk), or None."""
+    async def _cut_when_all_fail(self, head: ChunkOutcome) -> int | None:
+        """Where (samples into the window) a window whose decode failed the thresholds at every
+        temperature of the fallback is cut: rather than keep the best sampled guess (often words
+        placed over speech they do not say), the halves at the pause nearest the middle are
+        decoded again on their own. None where no pause leaves MIN_PART_S on each side, and
+        where the request asked for the decode as it is (no fallback)."""
+        if head.rejected_by is None or head.kept_text == "" or not self.parts_when_all_fail:
+            return None
+        if rejection(head.figures, self.options.thresholds) is None:
+            return None
+        return await self._pause_near(head.chunk)
+
+    async def _thin_cut(self, outcome: WindowOutcome) -> int | None:
+        """Where (samples into the window) a window with a thin segment (speech_coverage) is cut:
+        the pause under the segment nearest its middle. None where no segment is thin, where no
+        pause under one leaves MIN_PART_S on each side, and where the request asked for the
+        decode as it is (no fallback)."""
+        window = outcome.window
+        if not self.options.fallback_temperatures or not outcome.kept_texts():
+            return None
+        regions = await self._regions(window)
+        decodes = [DecodedSpan(window.length - p.chunk.length, p.parsed, p.chunk.length) for p in outcome.pieces]
+        for thin in thin_spans(decodes, regions or [], window.sample_rate, self.pace_reference):
+            cut = await self._pause_near(window, thin)
+            if cut is not None:
+                log.debug("window at %.2f s cut at %.2f s (%s): segment at %.2f-%.2f s thin for its speech", window.start,
+                          cut / window.sample_rate, THIN_SEGMENT, *(t / window.sample_rate for t in thin))
+                return cut
+        return None
+
+    async def _regions(self, chunk: AudioChunk) -> list[tuple[int, int]] | None:
+        """The chunk's speech as the VAD hears it, with pauses of PAUSE_CUT_MIN_SILENCE_S and
+        more between regions (unpadded samples), or None without the speech gate. Scanned once
+        per chunk of this decode."""
         if self.gate is None or not self.options.vad_filter:
             return None
-        rate, length = chunk.sample_rate, chunk.samples.shape[0]
+        key = (chunk.start_sample, chunk.length)
+        if key not in self._speech:
+            self._speech[key] = await self.parts.gate_work(self.gate.speech_regions, chunk.samples,
+                                                           PAUSE_CUT_MIN_SILENCE_S, self.options.vad.threshold)
+        return self._speech[key]
+
+    async def _pause_near(self, chunk: AudioChunk, span: tuple[int, int] | None = None) -> int | None:
+        """The middle of the pause (by the VAD) nearest the middle of ``span`` (samples into the
+        chunk; default the whole chunk) that lies inside it and leaves at least MIN_PART_S on
+        each side of the cut, or None."""
+        rate, length = chunk.sample_rate, chunk.length
         if length < 2 * MIN_PART_S * rate:
             return None
-        regions = await self.parts.gate_work(self.gate.speech_regions, chunk.samples, PAUSE_CUT_MIN_SILENCE_S,
-                                             self.options.vad.threshold)
-        pauses = [(end + start) // 2 for (_, end), (start, _) in zip(regions, regions[1:])]
-        inside = [p for p in pauses if MIN_PART_S * rate <= p <= length - MIN_PART_S * rate]
-        return min(inside, key=lambda p: abs(p - length // 2)) if inside else None
+        regions = await self._regions(chunk)
+        if regions is None:
+            return None
+        start, end = span or (0, length)
+        low, high = max(start, round(MIN_PART_S * rate)), min(end, length - round(MIN_PART_S * rate))
+        return pause_near(regions, (start + end) // 2, low, high)
 
     # ---- the seek ----
     async def _resume_point(self, piece: ChunkOutcome) -> tuple[int | None, str | None]:

@@ -34,6 +34,7 @@ from support.packaged_model import ctranslate2_dir
 from support.redecodes import redecodes, redecodes_since
 from support.server_process import ServerProcess
 from support.transcript_score import score, subtitles
+from support.transcript_score import tokens as transcript_tokens
 
 # (row name, form fields): the defaults (5-beam search) in every format, then greedy decoding
 # in json and verbose_json.
@@ -55,7 +56,8 @@ def service_request(url: str, path: Path, fields: dict) -> tuple[httpx.Response,
     return r, seconds
 
 
-def service_rows(url: str, path: Path, truth: list[Utterance]) -> dict[str, dict]:
+def service_rows(url: str, path: Path, truth: list[Utterance], tokens=transcript_tokens) -> dict[str, dict]:
+    """The service's figures in every run of SERVICE_RUNS; ``tokens``: score's."""
     rows = {}
     for name, fields in SERVICE_RUNS:
         fmt = fields["response_format"]
@@ -63,13 +65,14 @@ def service_rows(url: str, path: Path, truth: list[Utterance]) -> dict[str, dict
         r, seconds = service_request(url, path, fields)
         found = redecodes_since(url, before)
         if fmt == "json":
-            rows[name] = score(truth, r.json()["text"])
+            rows[name] = score(truth, r.json()["text"], tokens=tokens)
         elif fmt == "verbose_json":
             body = r.json()
-            rows[name] = score(truth, body["text"], [(w["word"], w["start"], w["end"]) for w in body["words"]])
+            rows[name] = score(truth, body["text"], [(w["word"], w["start"], w["end"]) for w in body["words"]],
+                               tokens=tokens, segments=[(s["start"], s["end"]) for s in body["segments"]])
         else:
             text, cues = subtitles(r.text)
-            rows[name] = score(truth, text, cues=cues)
+            rows[name] = score(truth, text, cues=cues, tokens=tokens)
         rows[name]["seconds"] = round(seconds, 1)
         rows[name]["redecodes"] = found  # why parts of windows were decoded again, by rule
     return rows
@@ -90,7 +93,7 @@ def faster_whisper_call(run) -> tuple[list, float]:
     return segments, time.perf_counter() - start
 
 
-def faster_whisper_rows(model, path: Path, truth: list[Utterance]) -> dict[str, dict]:
+def faster_whisper_rows(model, path: Path, truth: list[Utterance], tokens=transcript_tokens) -> dict[str, dict]:
     from faster_whisper import BatchedInferencePipeline
 
     runs = {"faster-whisper defaults": lambda: model.transcribe(str(path), word_timestamps=True),
@@ -100,7 +103,8 @@ def faster_whisper_rows(model, path: Path, truth: list[Utterance]) -> dict[str, 
     for name, run in runs.items():
         segments, seconds = faster_whisper_call(run)
         words = [(w.word, w.start, w.end) for s in segments for w in (s.words or [])]
-        rows[name] = score(truth, " ".join(s.text for s in segments), words) | {"seconds": round(seconds, 1)}
+        rows[name] = score(truth, " ".join(s.text for s in segments), words, tokens=tokens,
+                           segments=[(s.start, s.end) for s in segments]) | {"seconds": round(seconds, 1)}
     return rows
 
 
@@ -170,7 +174,7 @@ def main() -> None:
         server.stop()
     args.out.write_text(json.dumps(report, indent=1))
     columns = ["wer", "first_words_found", "utterances_found", "onset_median_s", "onset_p90_s", "words_in_silence",
-               "seconds"]
+               "thin_segments", "seconds"]
     for name, rows in report["rows"].items():
         about = report["files"][name]
         print(f"\n{name}: {about['seconds']:.0f} s, {about['utterances']} utterances, "

@@ -142,29 +142,32 @@ def crossings(truth: list[Utterance], window: float = 30.0) -> int:
 
 
 def write(directory: Path, monologue: bool = False, slow: bool = False) -> dict[str, Path]:
-    """clean.wav, noisy.wav and truth.json in ``directory`` (with ``monologue``, also
+    """clean.wav, noisy.wav and clean.json (the truth of both) in ``directory`` (with ``monologue``, also
     monologue.wav and monologue.json; with ``slow``, slow.wav and slow.json); returns their
     paths."""
     import soundfile as sf
 
     directory.mkdir(parents=True, exist_ok=True)
     audio, truth = build()
-    paths = {"clean": directory / "clean.wav", "noisy": directory / "noisy.wav", "truth": directory / "truth.json"}
-    sf.write(paths["clean"], audio, SAMPLE_RATE, subtype="PCM_16")
+    paths = {"clean": write_pair(directory, "clean", audio, truth), "noisy": directory / "noisy.wav",
+             "truth": directory / "clean.json"}
     sf.write(paths["noisy"], np.clip(with_noise(audio), -1, 1), SAMPLE_RATE, subtype="PCM_16")
-    _write_truth(paths["truth"], audio, truth)
     for name, wanted, made in (("monologue", monologue, build_monologue), ("slow", slow, build_slow)):
         if wanted:
-            audio, truth = made()
-            paths.update({name: directory / f"{name}.wav", f"{name}_truth": directory / f"{name}.json"})
-            sf.write(paths[name], audio, SAMPLE_RATE, subtype="PCM_16")
-            _write_truth(paths[f"{name}_truth"], audio, truth)
+            paths[name] = write_pair(directory, name, *made())
+            paths[f"{name}_truth"] = directory / f"{name}.json"
     return paths
 
 
-def _write_truth(path: Path, audio: np.ndarray, truth: list[Utterance]) -> None:
-    path.write_text(json.dumps({"seconds": audio.shape[0] / SAMPLE_RATE, "utterances": [asdict(u) for u in truth]},
-                               indent=1))
+def write_pair(directory: Path, name: str, audio: np.ndarray, truth: list[Utterance]) -> Path:
+    """``<name>.wav`` (16-bit PCM) and its truth ``<name>.json`` in ``directory``; returns the wav's path."""
+    import soundfile as sf
+
+    wav = directory / f"{name}.wav"
+    sf.write(wav, np.clip(audio, -1, 1), SAMPLE_RATE, subtype="PCM_16")
+    (directory / f"{name}.json").write_text(json.dumps(
+        {"seconds": audio.shape[0] / SAMPLE_RATE, "utterances": [asdict(u) for u in truth]}, indent=1))
+    return wav
 
 
 def read_truth(path: Path) -> list[Utterance]:

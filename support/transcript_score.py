@@ -9,13 +9,17 @@ One alignment of the whole file, after Whisper's own English normaliser (the
   word - the utterance's true start| (when words have times);
 - ``words_in_silence``: output words (or, for subtitles, cues) lying inside a silence of 1 s or
   more (0.2 s margins), a lead-in silence included;
-- ``missing``: the utterances not found (their text).
+- ``missing``: the utterances not found (their text);
+- ``thin_segments``: segments (when given, with word times) over at least a second of speech
+  whose words cover less than half of it: text that cannot account for the speech it is
+  placed over.
 Shared by bench/long_audio.py and the tests, so both judge a transcript the same way.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import jiwer
 import numpy as np
@@ -51,7 +55,9 @@ def _matches(ref: list[str], hyp: list[str]) -> dict[int, int]:
 
 
 def score(truth: list[Utterance], text: str, timed: list[tuple[str, float, float]] | None = None,
-          cues: list[tuple[float, float]] | None = None) -> dict:
+          cues: list[tuple[float, float]] | None = None, tokens: Callable[[str], list[str]] = tokens,
+          segments: list[tuple[float, float]] | None = None) -> dict:
+    """The figures of the module docstring; ``tokens`` splits a text into the words compared."""
     ref, owner = [], []
     for i, u in enumerate(truth):
         words = tokens(u.text)
@@ -81,10 +87,28 @@ def score(truth: list[Utterance], text: str, timed: list[tuple[str, float, float
                   if firsts[i] in timed_matches]
         row["onset_median_s"] = round(float(np.median(errors)), 3) if errors else None
         row["onset_p90_s"] = round(float(np.percentile(errors, 90)), 3) if errors else None
-        row["words_in_silence"] = sum(in_silence((s + e) / 2, (s + e) / 2) for _, s, e in timed)
+        row["words_in_silence"] = int(sum(in_silence((s + e) / 2, (s + e) / 2) for _, s, e in timed))
     elif cues is not None:
         row["words_in_silence"] = sum(in_silence(s, e) for s, e in cues)
+    if segments is not None and timed is not None:
+        row["thin_segments"] = _thin_segments(truth, segments, [(s, e) for _, s, e in timed])
     return row
+
+
+def _overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    return sum(max(0.0, min(end, e) - max(start, s)) for s, e in spans)
+
+
+def _thin_segments(truth: list[Utterance], segments: list[tuple[float, float]],
+                   words: list[tuple[float, float]], min_speech_s: float = 1.0) -> int:
+    speech = [(u.start, u.end) for u in truth]
+    thin = 0
+    for start, end in segments:
+        heard = _overlap(speech, start, end)
+        inside = [(max(s, start), min(e, end)) for s, e in words if start <= (s + e) / 2 <= end]
+        covered = sum(_overlap(speech, s, e) for s, e in inside)  # words do not overlap one another
+        thin += int(heard >= min_speech_s and covered < heard / 2)
+    return thin
 
 
 _CUE = re.compile(r"(\d+):(\d\d):(\d\d)[,.](\d{3}) --> (\d+):(\d\d):(\d\d)[,.](\d{3})")

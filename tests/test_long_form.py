@@ -19,7 +19,7 @@ from asr_service.window_decode import WindowDecode, decode_params
 
 from asr_service.request_options import build_options
 from support.clips import load_clip, reference
-from support.dialogue import VOICES, synthesize
+from support import hard_audio
 from support.textnorm import normalize
 
 pytestmark = pytest.mark.model
@@ -68,6 +68,20 @@ async def test_fallback_retries_hotter_until_it_passes_and_keeps_the_fused_prefi
 
     _, decodes = await _count_decodes(runtime, fox, TranscriptionOptions(fallback_temperatures=(), thresholds=strict.thresholds))
     assert decodes == 1
+
+
+async def test_a_window_no_temperature_passes_is_decoded_again_in_halves_once(runtime):
+    """Three phrases with pauses, under a threshold no decode passes: rather than keep the best
+    sampled guess for the whole window, the halves at the pause nearest its middle are decoded
+    again on their own (each with its fallback), and no further: each half keeps its best."""
+    gap = np.zeros(SR, np.float32)
+    names = ("hello_world", "quick_brown_fox", "counting")
+    audio = np.concatenate([part for n in names for part in (load_clip("en", n), gap)])
+    strict = TranscriptionOptions(timestamps=True, thresholds=QualityThresholds(log_prob=0.0))
+    result, decodes = await _count_decodes(runtime, audio, strict)
+    assert result.redecodes["every_temperature_fails"] == 1
+    assert decodes == 3 * (1 + len(strict.fallback_temperatures))  # the window, then each half
+    assert normalize(result.text).split() == [w for n in names for w in normalize(reference("en", n)).split()]
 
 
 async def test_a_repetition_loop_is_decoded_again(runtime):
@@ -125,32 +139,32 @@ async def test_short_phrases_said_again_after_short_pauses_are_kept_every_time(r
     loop because the speech repeats. The window is cut at the pause nearest its middle and the
     halves decoded again (again where they still repeat), never replaced by a sampled guess:
     every phrase is kept every time, and the redecodes name the rule."""
-    gap = np.zeros(SR // 2, np.float32)
-    names = ("counting", "hello_world", "quick_brown_fox")
-    audio = np.concatenate([part for _ in range(7) for n in names for part in (load_clip("en", n), gap)])
-    audio = audio + (0.003 * np.random.default_rng(0).standard_normal(audio.size)).astype(np.float32)
+    audio, truth = hard_audio.drill()
     result = await runtime.transcriber.transcribe(audio, TranscriptionOptions(timestamps=timestamps, beam_size=5))
-    words = normalize(result.text).split()
-    assert words == [w for n in names for w in normalize(reference("en", n)).split()] * 7, result.text
+    assert normalize(result.text).split() == [w for u in truth for w in normalize(u.text).split()], result.text
     assert "repeats_at_pauses" in result.redecodes
     assert all(s.temperature == 0.0 for s in result.segments)
 
 
-@pytest.mark.parametrize("voice, times, pauses", [("A", 6, "varied"), ("D", 9, "equal")])
-async def test_a_sentence_said_again_and_again_is_kept_every_time(runtime, tmp_path, voice, times, pauses):
+@pytest.mark.parametrize("voice, times, pauses, prompted", [("A", 6, "varied", False), ("D", 9, "equal", False),
+                                                            ("A", 6, "equal", True)],
+                         ids=["festival-6-varied", "espeak-9-equal", "festival-6-prompted"])
+async def test_a_sentence_said_again_and_again_is_kept_every_time(runtime, voice, times, pauses, prompted):
     """One sentence said N times by a synthetic voice (Festival's, espeak-ng's), with pauses
     short enough to stay inside a window, all equal or varied: the default decode (timestamps,
-    beams, fallback) keeps it N times, at the N places it is said."""
-    sentence = "The first trip is on the twelfth of March, and we leave from the north gate at seven."
-    said = synthesize(VOICES[voice], sentence, tmp_path)
-    gaps = [0.5] * times if pauses == "equal" else list(np.random.default_rng(3).uniform(0.35, 1.2, times))
-    audio = np.concatenate([part for gap in gaps for part in (said, np.zeros(int(gap * SR), np.float32))])
-    options = build_options({}, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
+    beams, fallback) keeps it N times, at the N places it is said. With the sentence itself as
+    the prompt, a decode writes two of the repeats once, in a segment at half the voice's pace:
+    the thin segment is cut at the pause under it and the halves decoded again."""
+    audio, truth = hard_audio.sentence_repeats(voice, times, pauses)
+    fields = {"prompt": hard_audio.SENTENCE} if prompted else {}
+    options = build_options(fields, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
     result = await runtime.transcriber.transcribe(audio, options)
     assert normalize(result.text).count("the first") == times, result.text
     starts = [s.start for s in result.segments if normalize(s.text).startswith("the first")]
-    offsets = np.cumsum([0.0] + [said.shape[0] / SR + gap for gap in gaps[:-1]])
-    assert len(starts) == times and all(abs(a - b) < 1.0 for a, b in zip(starts, offsets)), (starts, offsets)
+    said = [u.start for u in truth]
+    assert len(starts) == times and all(abs(a - b) < 1.0 for a, b in zip(starts, said)), (starts, said)
+    if prompted:
+        assert "thin_segment" in result.redecodes
 
 
 class _Recording:
