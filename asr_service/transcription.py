@@ -42,7 +42,8 @@ from .language_vote import is_outlier, vote
 from .speech_gate import SpeechGate, SpeechScan
 from .transcription_types import (ChunkDone, Finished, PipelineEvent, Segment, TokenLogprob, TranscriptionOptions,
                                   TranscriptionResult)
-from .window_decode import DecodeParts, TextJoin, WindowDecode, WindowOutcome, decode_params, token_logprobs
+from .window_decode import DecodeParts, WindowDecode, decode_params
+from .window_outcome import TextJoin, WindowOutcome, token_logprobs
 from .word_timing import Word, snap_to_speech_onsets
 
 # faster-whisper's rule: context decoded this hot is too unreliable to condition the next chunk.

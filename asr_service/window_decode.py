@@ -6,22 +6,24 @@ windows and assembles the result). Its ``run`` gives the window's final WindowOu
 - judged by the fallback policy, and decoded again hotter when it fails the thresholds;
 - continued where its text stopped before the speech in it ended (the seek);
 - cut and decoded again in parts where it could not be kept whole across the long pauses the
-  window leaves out (cuts).
+  window leaves out, or repeats itself (cuts);
+- cut at a pause and decoded again in parts where its text cannot account for the speech under
+  it (a thin segment, speech_coverage) or no temperature of the fallback passed the thresholds.
 Every engine decode of the window carries the window's ``priority`` (engine.params.Priority): its
 continuations and retries are admitted ahead of later windows, so a request's windows end
 in order and a stream's first text comes early.
 
 Whether a piece is silent, and so what text it keeps, is decided once, when its decode is
 parsed (ChunkOutcome.silent / kept_text). Each time part of the window is decoded again, the
-outcome names the rule that asked for it (WindowOutcome.redecodes; the fallback's rules are in
-fallback.py), and the debug log says so with the figures that decided it.
+outcome names the rule that asked for it (WindowOutcome.redecodes; the rules are named in
+window_outcome.py and fallback.py), and the debug log says so with the figures that decided it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -34,7 +36,10 @@ from .engine.params import DecodeParams, Priority, SequenceResult, raise_if_fail
 from .fallback import DecodeFigures, compression_ratio, is_silent, pick_best, rejection
 from .speech_coverage import DecodedSpan, pause_near, paces, thin_spans
 from .speech_gate import SpeechGate
-from .transcription_types import TokenLogprob, TranscriptionOptions
+from .transcription_types import TranscriptionOptions
+from .window_outcome import (EVERY_TEMPERATURE_FAILS, OPEN_TIMESTAMP, REPEATS_ACROSS_PAUSES, REPEATS_AT_PAUSES,
+                             SEGMENT_ACROSS_PAUSE, SPEECH_AFTER_TEXT, THIN_SEGMENT, ChunkOutcome, TextJoin,
+                             WindowOutcome)
 from .word_timing import FRAMES_PER_SECOND, Word, word_times
 
 log = logging.getLogger(__name__)
@@ -42,18 +47,6 @@ log = logging.getLogger(__name__)
 # Fallback retries sample with this seed (plus their index) when the request gives none: the
 # same request gets the same answer.
 FALLBACK_SEED = 0
-# The window-level rules that decode part of a window again (see _cuts and _resume_point).
-REPEATS_ACROSS_PAUSES = "repeats_across_pauses"  # cut at every left-out pause: the text compresses like a loop
-SEGMENT_ACROSS_PAUSE = "segment_across_pause"  # cut where a segment runs over a left-out pause
-REPEATS_AT_PAUSES = "repeats_at_pauses"  # cut at a pause the VAD hears: a sure decode that repeats itself
-OPEN_TIMESTAMP = "open_timestamp"  # continued: the decode ended on a segment's opening timestamp
-SPEECH_AFTER_TEXT = "speech_after_text"  # continued: the VAD hears speech after the last segment
-EVERY_TEMPERATURE_FAILS = "every_temperature_fails"  # cut at a pause: no decode passed the thresholds
-THIN_SEGMENT = "thin_segment"  # cut at a pause under a segment too thin for its speech (speech_coverage)
-# The rules that find a decode skipped speech it heard, most often speech that says again what
-# the text before it says: the window after one is not conditioned on its text either.
-COVERAGE_RULES = frozenset({REPEATS_ACROSS_PAUSES, REPEATS_AT_PAUSES, EVERY_TEMPERATURE_FAILS, THIN_SEGMENT})
-
 # The seek: a window whose decode stopped before its speech ended is decoded again from there.
 MAX_CONTINUATIONS = 3  # per window; each must make progress, so a loop cannot run on
 SEEK_MIN_PROGRESS_S = 1.0  # a continuation starts at least this far into the audio before it
@@ -64,85 +57,6 @@ SEEK_LEAD_S = 0.4  # a continuation starts this far before the speech it is for
 # Cuts at a window's own pauses (_cuts): a pause this long, parts at least this long.
 PAUSE_CUT_MIN_SILENCE_S = 0.3
 MIN_PART_S = 2.0
-
-
-@dataclass
-class ChunkOutcome:
-    """One chunk's kept decode, parsed, with the figures the fallback policy judged it by and
-    whether it holds no speech (``silent``: then it keeps no text)."""
-
-    chunk: AudioChunk
-    params: DecodeParams | None  # None: the speech gate heard no speech, nothing was decoded
-    result: SequenceResult
-    language_probs: dict[str, float]
-    parsed: ParsedOutput
-    figures: DecodeFigures
-    silent: bool
-    words: list[Word] = field(default_factory=list)  # with word_timestamps: timed within the chunk
-    # The fallback rule (fallback.rejection) the chunk's first decode failed: this is the best
-    # of the decodes tried after it (possibly the first again). None: the first decode passed.
-    rejected_by: str | None = None
-
-    @property
-    def kept_text(self) -> str:
-        """The piece's text in the result: none for silence or output that did not parse."""
-        if self.parsed.failure is not None or self.silent:
-            return ""
-        return self.parsed.text or ""
-
-
-@dataclass
-class WindowOutcome:
-    """A window's decode, then its continuations (seek) when the decode stopped before the
-    speech in the window ended: pieces in time order, each over the audio from its start on."""
-
-    window: AudioChunk
-    pieces: list[ChunkOutcome]
-    # Why parts of the window were decoded again, one rule name each time (a piece's fallback,
-    # a cut, a continuation, a language outlier): what the metrics count.
-    redecodes: list[str] = field(default_factory=list)
-
-    @property
-    def head(self) -> ChunkOutcome:
-        """The decode of the whole window: its language detection is the window's."""
-        return self.pieces[0]
-
-    def kept_texts(self) -> list[tuple[str | None, str]]:
-        """(language, text) of each piece that holds text in the result."""
-        return [(p.parsed.language, p.kept_text) for p in self.pieces if p.kept_text]
-
-    @property
-    def found_skipped_speech(self) -> bool:
-        """A coverage rule (COVERAGE_RULES) decoded part of the window again."""
-        return any(rule in COVERAGE_RULES for rule in self.redecodes)
-
-    def released(self) -> WindowOutcome:
-        """The decoded window as kept until the response is assembled: the maps of the window
-        and its pieces, without their samples (AudioChunk.released)."""
-        return WindowOutcome(self.window.released(), [replace(p, chunk=p.chunk.released()) for p in self.pieces],
-                             self.redecodes)
-
-
-class TextJoin:
-    """Text built piece by piece in time order, the one way the response and the stream both
-    give it: a piece's text follows the one before it with its language's joiner (none in
-    languages written without spaces), or a space when the two languages differ."""
-
-    def __init__(self, adapter: TranscriptionAdapter):
-        self.adapter = adapter
-        self.text = ""
-        self._language: str | None = None
-
-    def add(self, pieces: list[tuple[str | None, str]]) -> str:
-        """Append the (language, text) pieces; returns what they added."""
-        added = ""
-        for language, text in pieces:
-            if self.text or added:
-                added += self.adapter.joiner(language if language == self._language else None)
-            added += text
-            self._language = language
-        self.text += added
-        return added
 
 
 def decode_params(adapter: TranscriptionAdapter, options: TranscriptionOptions, language: str | None = None,
@@ -173,18 +87,6 @@ def decode_params(adapter: TranscriptionAdapter, options: TranscriptionOptions, 
         changes["draft_ids"] = adapter.draft_ids(params, options.task, options.draft.language,
                                                  list(options.draft.text_tokens))
     return replace(params, **changes)
-
-
-def token_logprobs(adapter: TranscriptionAdapter, outcome: ChunkOutcome) -> list[TokenLogprob]:
-    """The kept decode's text tokens (not its prefix, timestamps or end) with their logprobs."""
-    result, eot = outcome.result, outcome.params.eot_id
-    spelled = []
-    for j in range(outcome.parsed.prefix_length, len(result.token_ids)):
-        token = result.token_ids[j]
-        if token < eot:
-            raw = adapter.token_bytes(token)
-            spelled.append(TokenLogprob(raw.decode("utf-8", errors="replace"), result.logprobs[j], list(raw)))
-    return spelled
 
 
 @dataclass(frozen=True)
