@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long bench-stream bench-diarization bench-page bench-realtime speech-tools clean
+.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long bench-hard bench-stream bench-diarization bench-page bench-realtime speech-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -105,6 +105,10 @@ speech-tools:
 
 bench-long: $(BENCH_STAMP) speech-tools
 	$(BIN)/python -m bench.long_audio
+
+# Speech that repeats itself: every repeat found, in every format, against faster-whisper.
+bench-hard: $(BENCH_STAMP) speech-tools
+	$(BIN)/python -m bench.hard_audio
 
 # A stream against its full response on the same long files: first text, total time, same bytes.
 bench-stream: $(BENCH_STAMP) speech-tools

@@ -122,9 +122,11 @@ class WindowDecode:
         self._speech: dict[tuple[int, int], list[tuple[int, int]]] = {}  # _regions, by chunk
 
     async def run(self, window: AudioChunk) -> WindowOutcome:
-        """The window's final outcome: decoded, continued (seek) while a piece stopped before
-        the speech in it ended (the rest decoded again from where the text stopped, in the
-        window's language, after the piece before it), or cut and decoded in parts."""
+        """The window's final outcome: decoded and judged by the fallback, continued (seek) while
+        a piece stopped before the speech in it ended, or cut and decoded in parts: where its
+        first decode cannot be kept whole across its pauses (_cuts), where no temperature passed
+        the thresholds (_cut_when_all_fail), or where a segment is thin for the speech under it
+        (_thin_cut)."""
         first, language = await self._first_decode(window, self.options, self.previous_text)
         options = replace(self.options, draft=None)  # a draft says what the window's start holds
         cuts, rule = await self._cuts(first)
@@ -140,27 +142,7 @@ class WindowDecode:
             log.debug("window at %.2f s cut at %.2f s (%s): %s", window.start, cut / window.sample_rate,
                       EVERY_TEMPERATURE_FAILS, head.figures)
             return await self._parts(window, [cut], first, EVERY_TEMPERATURE_FAILS, None, _rejections(head))
-        outcome = WindowOutcome(window, [head], _rejections(head))
-        while len(outcome.pieces) <= MAX_CONTINUATIONS:
-            last = outcome.pieces[-1].chunk
-            resume, rule = await self._resume_point(outcome.pieces[-1])
-            if resume is None:
-                break
-            log.debug("window at %.2f s continued at %.2f s (%s)", window.start, last.start + resume / last.sample_rate,
-                      rule)
-            rest = last.tail(resume)
-            language = options.language or outcome.head.parsed.language
-            shown = TextJoin(self.adapter)
-            shown.add(outcome.kept_texts())
-            # The window's text so far conditions the continuation (as the sequential algorithm
-            # conditions each window on the last): a short rest of audio decoded without it is
-            # often misheard.
-            context = " ".join(t for t in (self.previous_text or options.previous_text, shown.text) if t) or None
-            if context and self.engine.refusal(decode_params(self.adapter, options, language, context)) is not None:
-                context = None  # an engine that carries no prompt (SGLang without the plugin): the rest alone
-            piece = await self._piece(rest, replace(options, language=language), context)
-            outcome.pieces.append(piece)
-            outcome.redecodes += [rule, *_rejections(piece)]
+        outcome = await self._continued(WindowOutcome(window, [head], _rejections(head)), options)
         cut = await self._thin_cut(outcome)
         if cut is not None:
             # Decoded without the text before: what the kept decode skipped is often what that
@@ -208,7 +190,7 @@ class WindowDecode:
         return across, SEGMENT_ACROSS_PAUSE if across else None
 
     async def _parts(self, window: AudioChunk, cuts: list[int], first: ChunkOutcome, rule: str,
-                     previous_text: str | None, redecoded: list[str] = ()) -> WindowOutcome:
+                     previous_text: str | None, redecoded: tuple[str, ...] | list[str] = ()) -> WindowOutcome:
         """The window decoded as the parts ``cuts`` make, each a window of its own (with its
         seek, its cuts and its fallback), their pieces in time order. The window's language
         detection stays its whole decode's. ``redecoded``: the window's redecodes before the cut."""
@@ -279,6 +261,33 @@ class WindowDecode:
         return pause_near(regions, (start + end) // 2, low, high)
 
     # ---- the seek ----
+    async def _continued(self, outcome: WindowOutcome, options: TranscriptionOptions) -> WindowOutcome:
+        """The outcome with its continuations: while a piece stopped before the speech in it
+        ended, the rest is decoded again from where its text stopped, in the window's language,
+        after the piece before it (at most MAX_CONTINUATIONS)."""
+        window = outcome.window
+        while len(outcome.pieces) <= MAX_CONTINUATIONS:
+            last = outcome.pieces[-1].chunk
+            resume, rule = await self._resume_point(outcome.pieces[-1])
+            if resume is None:
+                break
+            log.debug("window at %.2f s continued at %.2f s (%s)", window.start, last.start + resume / last.sample_rate,
+                      rule)
+            rest = last.tail(resume)
+            language = options.language or outcome.head.parsed.language
+            shown = TextJoin(self.adapter)
+            shown.add(outcome.kept_texts())
+            # The window's text so far conditions the continuation (as the sequential algorithm
+            # conditions each window on the last): a short rest of audio decoded without it is
+            # often misheard.
+            context = " ".join(t for t in (self.previous_text or options.previous_text, shown.text) if t) or None
+            if context and self.engine.refusal(decode_params(self.adapter, options, language, context)) is not None:
+                context = None  # an engine that carries no prompt (SGLang without the plugin): the rest alone
+            piece = await self._piece(rest, replace(options, language=language), context)
+            outcome.pieces.append(piece)
+            outcome.redecodes += [rule, *_rejections(piece)]
+        return outcome
+
     async def _resume_point(self, piece: ChunkOutcome) -> tuple[int | None, str | None]:
         """Where speech in the piece's audio goes on past its text (samples into the piece),
         or None, and the sign that says so: the decode ended on an opening timestamp (the

@@ -4,7 +4,7 @@
 
 The files are support/hard_audio.py's: a sentence said 6-10 times by each of four voices, the
 pytest-audioeval English clips said over for a minute, a short phrase repeated across long
-pauses. Systems and figures as bench/long_audio.py's (the service in every response format with
+pauses. Systems and figures as bench/long_audio.py's (words compared as ``words`` says) (the service in every response format with
 its defaults and greedy, faster-whisper's defaults, ``vad_filter`` and batched pipeline on the
 same packaged model); ``utterances_found`` of ``utterances`` is the number of repeats found.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import httpx
 from asr_service.runtime import QUANTIZATIONS
 from support import hard_audio
 from support.server_process import ServerProcess
-from support.textnorm import normalize
+from support.transcript_score import normalize
 
 from .long_audio import faster_whisper_model, faster_whisper_rows, service_rows
 
@@ -30,10 +31,11 @@ COLUMNS = ["wer", "utterances_found", "utterances", "words_in_silence", "thin_se
 
 
 def words(text: str) -> list[str]:
-    """The words compared: support/textnorm's normalisation, not Whisper's English normaliser,
-    which makes "One two three ... ten" one number (12345678910) and "1, 2, 3" "one 2 3", so
-    the drill's counting would never match."""
-    return normalize(text).split()
+    """The words compared: split at anything but letters, digits and apostrophes, then each
+    through Whisper's English normaliser on its own. On a whole text the normaliser joins number
+    words said in a row into one number ("One two three ... ten" becomes 12345678910) and leaves
+    "1,2,3" whole, so the drill's counting would match in no spelling."""
+    return [token for word in re.split(r"[^\w']+", text) if word for token in normalize(word).split()]
 
 
 def main() -> None:

@@ -163,6 +163,9 @@ async def test_a_sentence_said_again_and_again_is_kept_every_time(runtime, voice
     starts = [s.start for s in result.segments if normalize(s.text).startswith("the first")]
     said = [u.start for u in truth]
     assert len(starts) == times and all(abs(a - b) < 1.0 for a, b in zip(starts, said)), (starts, said)
+    # No text in a segment shorter than a word, nor over silence.
+    assert all(s.end - s.start >= 0.1 for s in result.segments if s.text.strip()), result.segments
+    assert all(any(min(s.end, u.end) - max(s.start, u.start) > 0.1 for u in truth) for s in result.segments)
     if prompted:
         assert "thin_segment" in result.redecodes
 
