@@ -65,6 +65,13 @@ def _segments(decodes: list[DecodedSpan], regions: Regions, sample_rate: int) ->
     return out
 
 
+def may_be_thin(decodes: list[DecodedSpan], sample_rate: int) -> bool:
+    """Whether any segment spans THIN_MIN_SPEECH_S or more: none can be thin otherwise (it holds
+    no more speech than its length), and the VAD need not scan the window."""
+    longest = THIN_MIN_SPEECH_S * sample_rate
+    return any(end - start >= longest for start, end, _, _ in _segments(decodes, [], sample_rate))
+
+
 def paces(decodes: list[DecodedSpan], regions: Regions, sample_rate: int) -> list[float]:
     """Text tokens per second of speech of each segment over at least PACE_MIN_SPEECH_S of it."""
     return [tokens / speech_s for _, _, tokens, speech_s in _segments(decodes, regions, sample_rate)

@@ -34,7 +34,7 @@ from .chunking import AudioChunk
 from .engine.interface import Engine
 from .engine.params import DecodeParams, Priority, SequenceResult, raise_if_failed
 from .fallback import DecodeFigures, compression_ratio, is_silent, pick_best, rejection
-from .speech_coverage import DecodedSpan, pause_near, paces, thin_spans
+from .speech_coverage import DecodedSpan, may_be_thin, pause_near, paces, thin_spans
 from .speech_gate import SpeechGate
 from .transcription_types import TranscriptionOptions
 from .window_outcome import (EVERY_TEMPERATURE_FAILS, OPEN_TIMESTAMP, REPEATS_ACROSS_PAUSES, REPEATS_AT_PAUSES,
@@ -224,8 +224,10 @@ class WindowDecode:
         window = outcome.window
         if not self.options.fallback_temperatures or not outcome.kept_texts():
             return None
-        regions = await self._regions(window)
         decodes = [DecodedSpan(window.length - p.chunk.length, p.parsed, p.chunk.length) for p in outcome.pieces]
+        if not may_be_thin(decodes, window.sample_rate):
+            return None
+        regions = await self._regions(window)
         for thin in thin_spans(decodes, regions or [], window.sample_rate, self.pace_reference):
             cut = await self._pause_near(window, thin)
             if cut is not None:

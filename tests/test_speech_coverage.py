@@ -4,7 +4,7 @@ window is cut to decode it again in parts."""
 import pytest
 
 from adapters.base import ParsedOutput, ParsedSegment
-from asr_service.speech_coverage import THIN_MIN_SPEECH_S, DecodedSpan, pause_near, speech_in, thin_spans
+from asr_service.speech_coverage import THIN_MIN_SPEECH_S, DecodedSpan, may_be_thin, pause_near, speech_in, thin_spans
 
 pytestmark = pytest.mark.unit
 
@@ -92,3 +92,10 @@ def test_the_cut_is_the_pause_nearest_the_target_within_the_bounds():
     assert pause_near(regions, 700, 0, 500) == 400
     assert pause_near(regions, 500, 160, 390) is None
     assert pause_near([(0, 1000)], 500, 0, 1000) is None
+
+
+def test_only_a_segment_as_long_as_the_speech_floor_may_be_thin():
+    short = ParsedOutput("en", "x", [_segment(0.0, THIN_MIN_SPEECH_S - 0.1, 1), _segment(2.9, 5.0, 1)])
+    assert not may_be_thin([DecodedSpan(0, short, 5 * SR)], SR)
+    long = ParsedOutput("en", "x", [_segment(0.0, THIN_MIN_SPEECH_S, 30)])
+    assert may_be_thin([DecodedSpan(0, long, 5 * SR)], SR)
