@@ -6,10 +6,11 @@ of speech) and its parsed decode; window_decode.WindowDecode runs the VAD and ac
 
 A segment is *thin* when it lies over at least THIN_MIN_SPEECH_S of speech and holds too few
 text tokens for it, by either measure:
-- fewer than THIN_TOKENS_PER_SPEECH_S a second. Speech runs at some 2-5 Whisper tokens a second
-  in every language the model writes (slow English about 2, Chinese and Japanese more), so a
-  segment under that floor has skipped most of what was said: a sentence the decode left out
-  because it had just written it, or a sampled retry's few words placed over many seconds;
+- fewer than THIN_TOKENS_PER_SPEECH_S a second: under a third of the slowest pace measured on
+  the bench's speech (3.2-5.7 tokens a second of the VAD's speech, four voices and three
+  recorded clips), so such a segment has skipped most of what was said: a sentence the decode
+  left out because it had just written it, or a sampled retry's few words placed over many
+  seconds;
 - fewer than THIN_SHARE_OF_PACE of the pace of the window's other segments (their median, over
   at least two segments of a second of speech or more, with those of the window a part was cut
   from). A voice keeps its pace within a window, so a segment well below it most often holds

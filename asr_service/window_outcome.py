@@ -18,7 +18,7 @@ from .fallback import DecodeFigures
 from .transcription_types import TokenLogprob
 from .word_timing import Word
 
-# The window-level rules that decode part of a window again (see _cuts and _resume_point).
+# The window-level rules that decode part of a window again (window_decode.WindowDecode).
 REPEATS_ACROSS_PAUSES = "repeats_across_pauses"  # cut at every left-out pause: the text compresses like a loop
 SEGMENT_ACROSS_PAUSE = "segment_across_pause"  # cut where a segment runs over a left-out pause
 REPEATS_AT_PAUSES = "repeats_at_pauses"  # cut at a pause the VAD hears: a sure decode that repeats itself
