@@ -365,12 +365,23 @@ class WindowDecode:
         decode's prefix: its language goes into the prompt, and the (fixed-language) grammar
         still holds the text to the model's token rules. They run together, as one batch in the
         engine (the encoder output is reused): the kept decode is the same as trying one
-        temperature after another, in a fraction of the time."""
+        temperature after another, in a fraction of the time. The first that passes is kept,
+        so once it and every cooler one have ended, the hotter ones are cancelled: a sampled
+        babble running on to its token limit cannot hold the window up."""
         base_seed = FALLBACK_SEED if options.seed is None else options.seed
-        retries = [replace(decode_params(self.adapter, options, language, previous_text), temperature=temperature,
-                           seed=base_seed + i + 1, top_k=None, top_p=None, min_p=0.0, beam_size=1)
+        retries = [asyncio.ensure_future(self._decode(chunk, replace(
+                       decode_params(self.adapter, options, language, previous_text), temperature=temperature,
+                       seed=base_seed + i + 1, top_k=None, top_p=None, min_p=0.0, beam_size=1)))
                    for i, temperature in enumerate(options.fallback_temperatures)]
-        attempts = [first] + list(await asyncio.gather(*(self._decode(chunk, p) for p in retries)))
+        attempts = [first]
+        try:
+            for retry in retries:
+                attempts.append(await retry)
+                if rejection(attempts[-1].figures, options.thresholds) is None:
+                    break
+        finally:
+            for retry in retries:
+                retry.cancel()  # no-op on those that ended; frees the engine slots of the rest
         kept = attempts[pick_best([a.figures for a in attempts], options.thresholds)]
         kept.language_probs = first.language_probs  # the detection is the first decode's
         return kept

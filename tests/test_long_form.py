@@ -5,6 +5,7 @@ import asyncio
 import gc
 import weakref
 from contextlib import aclosing
+from dataclasses import replace
 
 import jiwer
 import numpy as np
@@ -185,6 +186,39 @@ class _Recording:
 
     def refusal(self, params):
         return self.engine.refusal(params)
+
+
+class _HotRetriesLoop(_Recording):
+    """The real engine, except that the first decode and the retries at 0.4 and hotter decode
+    white noise greedily, on which Whisper base loops ("1,5,5,5,...") to its token limit: a
+    stand-in for a window whose first decode fails and whose hot retries run on and on."""
+
+    NOISE = (0.05 * np.random.default_rng(0).standard_normal(10 * SR)).astype(np.float32)
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.hot = []
+
+    def submit(self, audio, params, priority=None):
+        if params.temperature == 0:
+            return super().submit(self.NOISE, params, priority)
+        if params.temperature >= 0.4:
+            self.hot.append(super().submit(self.NOISE, replace(params, temperature=0.0), priority))
+            return self.hot[-1]
+        return super().submit(audio, params, priority)
+
+
+async def test_hotter_retries_are_cancelled_once_a_cooler_one_passes(runtime):
+    """The first retry that passes is the one kept, so the hotter ones still running are
+    cancelled once it and the cooler ones have ended: they cannot change the choice."""
+    fox = load_clip("en", "quick_brown_fox")
+    engine = _HotRetriesLoop(runtime.engine)
+    result = await Transcriber(engine, runtime.adapter, runtime.transcriber.gate).transcribe(fox, TranscriptionOptions())
+    assert result.redecodes == {"compression_ratio": 1} and result.segments[0].temperature == 0.2
+    assert normalize(result.text) == normalize(reference("en", "quick_brown_fox"))
+    ended = [(stream.result.finish_reason, len(stream.result.token_ids)) for stream in engine.hot]
+    # Left running, each would loop on to its token limit (224) and end with "length".
+    assert len(ended) == 4 and all(reason != "length" and tokens < 100 for reason, tokens in ended), ended
 
 
 async def test_the_fallback_gives_the_same_answer_to_the_same_request(runtime):
