@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from asr_service.engine.params import DecodeParams
+from .decode_request import DecodeParams
 
 
 class UnsupportedLanguageError(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
-from asr_service.engine.params import CanaryDecode, DecodeParams
+from .decode_request import CanaryDecode, DecodeParams
 
 from .base import ParsedOutput, ParsedSegment, SpeechToTextConfig, TranscriptionAdapter
 from .whisper_grammar import GrammarKey, WhisperGrammars

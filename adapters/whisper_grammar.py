@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import xgrammar as xgr
 
-from asr_service.engine.params import Constraint
+from .decode_request import Constraint
 
 from .whisper_tokenizer import WhisperTokenizer
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from adapters.base import TranscriptionAdapter
+from adapters.decode_request import DecodeParams
 
 from .chunking import AudioChunk
 from .engine.interface import Engine
-from .engine.params import DecodeParams
 
 
 async def detect_language(engine: Engine, adapter: TranscriptionAdapter, chunk: AudioChunk,

@@ -28,11 +28,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from adapters.base import ParsedOutput, TranscriptionAdapter
+from adapters.decode_request import DecodeParams
 
 from . import two_stage
 from .chunking import AudioChunk
 from .engine.interface import Engine
-from .engine.params import DecodeParams, Priority, SequenceResult, raise_if_failed
+from .engine.params import Priority, SequenceResult, raise_if_failed
 from .fallback import DecodeFigures, compression_ratio, is_silent, pick_best, rejection
 from .speech_coverage import DecodedSpan, may_be_thin, pause_near, paces, thin_spans
 from .speech_gate import SpeechGate

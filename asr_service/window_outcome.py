@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from adapters.base import ParsedOutput, TranscriptionAdapter
+from adapters.decode_request import DecodeParams
 
 from .chunking import AudioChunk
-from .engine.params import DecodeParams, SequenceResult
+from .engine.params import SequenceResult
 from .fallback import DecodeFigures
 from .transcription_types import TokenLogprob
 from .word_timing import Word

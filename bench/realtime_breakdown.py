@@ -40,7 +40,7 @@ from asr_service.runtime import RuntimeSettings, build_runtime
 from asr_service.transcription import Transcriber
 from asr_service.transcription_types import TranscriptionOptions
 from support.clips import load_clip
-from warmup import run_warmup
+from asr_service.warmup import run_warmup
 
 from .realtime_latency import FILE_CLIENTS, LOAD_ROUNDS, SESSIONS_UNDER_LOAD, load_file_audio, long_utterance
 from .report import RESULTS

@@ -55,7 +55,7 @@ import xgrammar as xgr
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from asr_service.engine.params import Constraint, DecodeParams
+from adapters.decode_request import Constraint, DecodeParams
 from support.server_process import free_port
 from support.sglang_judge import SGLangJudge
 

@@ -10,7 +10,7 @@ import torch
 
 from asr_service.engine.logits import NEG_INF, apply_penalties, apply_whisper_rules, sample_one
 from asr_service.engine.model import tall_projection
-from asr_service.engine.params import DecodeParams
+from adapters.decode_request import DecodeParams
 
 pytestmark = pytest.mark.unit
 

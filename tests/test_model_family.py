@@ -13,7 +13,7 @@ from asr_service.request_options import OptionError, build_options
 from asr_service.runtime import RuntimeSettings, build_runtime
 from asr_service.transcription_types import TranscriptionOptions
 
-from warmup import variant_params
+from asr_service.warmup import variant_params
 
 from support.clips import load_clip
 from support.token_masks import allowed

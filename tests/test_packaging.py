@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBE = """
 import importlib, json
 out = {}
-for name in ("asr_service", "adapters", "warmup"):
+for name in ("asr_service", "adapters"):
     m = importlib.import_module(name)
     out[name] = m.__file__
 import adapters
@@ -100,7 +100,7 @@ class Refuse(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Refuse())
 modules = []
 root = pathlib.Path(sys.argv[2])
-for top in ("asr_service", "adapters", "warmup"):
+for top in ("asr_service", "adapters"):
     for file in sorted((root / top).rglob("*.py")):  # namespace subpackages (engine/) too
         name = ".".join(file.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
         importlib.import_module(name)
@@ -117,4 +117,4 @@ def test_serving_code_needs_none_of_the_test_or_bench_packages(tmp_path):
     done = subprocess.run([sys.executable, "-c", SERVING_IMPORTS, ",".join(blocked), str(ROOT)], cwd=tmp_path,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout) == sum(1 for top in ("asr_service", "adapters", "warmup") for _ in (ROOT / top).rglob("*.py"))
+    assert int(done.stdout) == sum(1 for top in ("asr_service", "adapters") for _ in (ROOT / top).rglob("*.py"))

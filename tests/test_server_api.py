@@ -80,6 +80,17 @@ def test_models_lists_the_served_name(client):
 
 # ---- the OpenAI SDK ----
 
+def test_the_readme_first_request_on_the_shipped_clip(server, client):
+    """The README's first request works with what `make serve` alone installs: the clip ships
+    in examples/, and the answer is the one the README prints."""
+    with open("examples/bonjour_monde.wav", "rb") as f:
+        r = post(server, {"model": "whisper-1"}, {"file": ("bonjour_monde.wav", f, "audio/wav")})
+    assert r.json() == {"text": "Bonjour, le monde.", "usage": {"type": "duration", "seconds": 2}}
+    with open("examples/bonjour_monde.wav", "rb") as f:
+        result = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json")
+    assert (result.language, result.text) == ("fr", "Bonjour, le monde.")
+
+
 def test_sdk_json_with_fused_detection_on_french(client):
     with open(clip_path("fr", "pangrama"), "rb") as f:
         result = client.audio.transcriptions.create(model="whisper-1", file=f)

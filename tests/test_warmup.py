@@ -1,7 +1,7 @@
 """Warmup compiles each grammar variant once and drains a decode through each."""
 
 import pytest
-from warmup import run_warmup, variant_params
+from asr_service.warmup import run_warmup, variant_params
 
 pytestmark = pytest.mark.model
 

@@ -34,6 +34,8 @@ import time
 import numpy as np
 import torch
 
+from adapters.decode_request import DecodeParams
+
 from ..pcm import SAMPLE_RATE
 from .beam_search import BeamGroup
 from .encoder_cache import EncoderCache
@@ -42,7 +44,7 @@ from .interface import EngineFigures
 from .lane import Lane
 from .logits import apply_penalties, apply_whisper_rules, choose_tokens
 from .model import Whisper
-from .params import DecodeParams, Priority, StepEvent, UnsupportedDecode
+from .params import Priority, StepEvent, UnsupportedDecode
 from .phase_clock import PhaseClock
 from .sequence import DecodingSequence
 from .stream import SequenceStream

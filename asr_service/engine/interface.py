@@ -11,7 +11,9 @@ from typing import Protocol
 
 import numpy as np
 
-from .params import DecodeParams, Priority, UnsupportedDecode
+from adapters.decode_request import DecodeParams
+
+from .params import Priority, UnsupportedDecode
 from .stream import SequenceStream
 
 

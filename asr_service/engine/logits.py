@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 import xgrammar as xgr
 
-from .params import DecodeParams
+from adapters.decode_request import DecodeParams
 
 NEG_INF = float("-inf")
 

@@ -9,8 +9,9 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
+from adapters.decode_request import DecodeParams
+
 from .beam_search import BeamGroup, Hypothesis
-from .params import DecodeParams
 from .stream import SequenceStream
 
 

@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from warmup import WarmupReport, run_warmup
+from asr_service.warmup import WarmupReport, run_warmup
 
 from ..heap import return_freed_memory
 from ..runtime import Runtime, RuntimeSettings, build_runtime

@@ -34,8 +34,10 @@ import uuid
 import httpx
 import numpy as np
 
+from adapters.decode_request import CanaryDecode, DecodeParams
+
 from ..interface import EngineFigures
-from ..params import CanaryDecode, DecodeParams, Priority, StepEvent, UnsupportedDecode
+from ..params import Priority, StepEvent, UnsupportedDecode
 from ..stream import SequenceStream
 from . import wire
 from .backends import Backend, BackendPool

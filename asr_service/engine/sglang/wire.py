@@ -50,8 +50,10 @@ from enum import Enum
 
 import numpy as np
 
+from adapters.decode_request import DecodeParams
+
 from ...pcm import SAMPLE_RATE
-from ..params import DecodeParams, UnsupportedDecode
+from ..params import UnsupportedDecode
 
 DETECT_LANGUAGE_KEY = "_detect_language"  # SGLang's FUSED_AUTODETECT_FLAG
 
