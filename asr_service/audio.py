@@ -174,6 +174,12 @@ def decode_audio(data: bytes, limits: AudioLimits = AudioLimits(), on_progress: 
         raise
     except (av.FFmpegError, ValueError, IndexError, OSError) as e:
         raise InvalidAudioError(f"could not decode audio ({type(e).__name__}: {e})") from None
+    return _checked(samples, max_samples)
+
+
+def _checked(samples: _SampleBlocks, max_samples: int) -> np.ndarray:
+    """The decoded samples as one array, refused when there are none or any is not finite, and
+    clipped to full scale."""
     if samples.total == 0:
         raise InvalidAudioError("no audio samples could be decoded")
     audio = samples.join(max_samples)

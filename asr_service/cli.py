@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from .audio import AudioError, AudioLimits, decode_audio
 from .flag_environment import EnvironmentFlagError, EnvironmentFlags
 from .formats import RESPONSE_FORMATS, render, to_rttm
@@ -107,6 +109,13 @@ def _build_parser() -> tuple[argparse.ArgumentParser, EnvironmentFlags]:
     """The parser, and the serve flags that ASR_ environment variables can also set."""
     parser = argparse.ArgumentParser(prog="asr-service", description="OpenAI-compatible Whisper speech-to-text")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_transcribe_command(sub)
+    env = _add_serve_command(sub)
+    return parser, env
+
+
+def _add_transcribe_command(sub: argparse._SubParsersAction) -> None:
+    """The transcribe command: files in, one result each (several decode in one batch)."""
     t = sub.add_parser("transcribe", help="transcribe (or translate) audio files")
     t.add_argument("files", nargs="+", type=Path)
     t.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
@@ -122,6 +131,9 @@ def _build_parser() -> tuple[argparse.ArgumentParser, EnvironmentFlags]:
                         "so an interrupted batch resumes where it stopped")
     t.add_argument("-v", "--verbose", action="store_true")
 
+
+def _add_serve_command(sub: argparse._SubParsersAction) -> EnvironmentFlags:
+    """The serve command's flags; each but the API keys also from its ASR_ environment variable."""
     s = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server",
                        description="Every flag can also be set by the environment variable named after it "
                                    "(flags win); the API keys' variable is ASR_API_KEYS.")
@@ -147,6 +159,12 @@ def _build_parser() -> tuple[argparse.ArgumentParser, EnvironmentFlags]:
                  "events, the OpenAI SDK) or chunk (choices[0].delta.content, as vLLM and SGLang send)")
     env.add("--detection-mode", choices=("fused", "two-stage"), default="fused",
             help="two-stage (separate detection decode) is a baseline for bench/ only")
+    _add_server_limits(s, env)
+    return env
+
+
+def _add_server_limits(s: argparse.ArgumentParser, env: EnvironmentFlags) -> None:
+    """Realtime sessions, keys, backpressure, connections and shutdown."""
     env.add("--max-realtime-sessions", type=int, default=RealtimeLimits.max_sessions,
             help="concurrent /v1/realtime sessions; more are refused")
     env.add("--realtime-idle-timeout", type=float, default=RealtimeLimits.idle_timeout_s,
@@ -175,7 +193,6 @@ def _build_parser() -> tuple[argparse.ArgumentParser, EnvironmentFlags]:
     env.add("--shutdown-grace", type=float, default=30.0,
             help="seconds SIGTERM waits for in-flight work before exiting")
     env.add("--log-level", default="info")
-    return parser, env
 
 
 def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> argparse.Namespace:
@@ -299,20 +316,8 @@ async def _transcribe_files(args, runtime) -> int:
         diarizer = diarizer_for(runtime.transcriber)
         clips = await reference_clips(diarization, limits)
     outputs = _output_paths(args)
-    todo = list(range(len(args.files)))
-    if outputs is not None:
-        args.output_dir.mkdir(parents=True, exist_ok=True)
-        for leftover in args.output_dir.glob(f".*{PARTIAL}"):  # from a run that was killed mid-write
-            leftover.unlink()
-        for i in (i for i in todo if outputs[i].exists()):
-            print(f"skipping {args.files[i]}: {outputs[i]} exists", file=sys.stderr)
-        todo = [i for i in todo if not outputs[i].exists()]
-    audios: list = []
-    for i in todo:
-        try:
-            audios.append(decode_audio(args.files[i].read_bytes(), limits))
-        except (OSError, AudioError) as e:
-            audios.append(e)
+    todo = _files_to_do(args, outputs)
+    audios = [_read_audio(args.files[i], limits) for i in todo]
     progress = _progress_bar([a for a in audios if not isinstance(a, Exception)], runtime)
 
     async def one(i, audio):
@@ -334,16 +339,44 @@ async def _transcribe_files(args, runtime) -> int:
         if progress:
             progress.advance(audio.shape[0] / runtime.adapter.config.sample_rate - sum(decoded))
         if outputs is not None:  # written as soon as it is done: a killed batch keeps it
-            write_atomically(outputs[i], written(result, args.files[i]))
+            write_atomically(outputs[i], _written(result, args.files[i], args.response_format))
         return result
-
-    def written(result, path: Path) -> str:
-        return to_rttm(result, path.stem) if args.response_format == "rttm" else render(result, args.response_format)
 
     # All files go to the engine together: their chunks share its batch.
     results = await asyncio.gather(*(one(i, a) for i, a in zip(todo, audios)))
     if progress:
         progress.close()
+    return _report(args, todo, results, outputs)
+
+
+def _files_to_do(args, outputs: list[Path] | None) -> list[int]:
+    """The input files (by index) still to transcribe: with --output-dir, those whose result is
+    not there yet (a partial write of a killed run is removed)."""
+    todo = list(range(len(args.files)))
+    if outputs is None:
+        return todo
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    for leftover in args.output_dir.glob(f".*{PARTIAL}"):  # from a run that was killed mid-write
+        leftover.unlink()
+    for i in (i for i in todo if outputs[i].exists()):
+        print(f"skipping {args.files[i]}: {outputs[i]} exists", file=sys.stderr)
+    return [i for i in todo if not outputs[i].exists()]
+
+
+def _read_audio(path: Path, limits: AudioLimits) -> np.ndarray | Exception:
+    """The file's samples, or why they could not be read (reported on its own line)."""
+    try:
+        return decode_audio(path.read_bytes(), limits)
+    except (OSError, AudioError) as e:
+        return e
+
+
+def _written(result, path: Path, response_format: str) -> str:
+    return to_rttm(result, path.stem) if response_format == "rttm" else render(result, response_format)
+
+
+def _report(args, todo: list[int], results: list, outputs: list[Path] | None) -> int:
+    """Each file's result (or error) on stdout in input order; the exit status."""
     status = 0
     json_lines = args.response_format.endswith("json")  # one JSON object per line, in input order
     for i, result in zip(todo, results):
@@ -357,9 +390,9 @@ async def _transcribe_files(args, runtime) -> int:
         elif outputs is not None:
             print(f"wrote {outputs[i]}", file=sys.stderr)
         elif json_lines:
-            print(written(result, path))
+            print(_written(result, path, args.response_format))
         else:
-            print(written(result, path).rstrip("\n") + ("\n" if len(args.files) > 1 else ""))
+            print(_written(result, path, args.response_format).rstrip("\n") + ("\n" if len(args.files) > 1 else ""))
     return status
 
 

@@ -95,7 +95,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("frequency_penalty", float, "subtracted from a token's logit once per time it is in the text", -2.0, 2.0),
     Option("presence_penalty", float, "subtracted from the logit of every token already in the text", -2.0, 2.0),
     # No upper bound: vLLM clients send 1e6 and expect the model's own limit to apply (clamped
-    # per window in window_decode.decode_params).
+    # per window in piece_decode.decode_params).
     Option("max_completion_tokens", int, "text tokens per 30 s window at most (above the model's limit: that limit)",
            1, None),
     Option("temperature_fallback", bool, "decode a window again hotter when it fails the thresholds (default true)"),
@@ -209,73 +209,16 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
     ``default_beam_size``: the beams of a request that does not set use_beam_search (the
     runtime's: 1 where its engine cannot search). Whether the response streams is not an
     option of the decode: a stream is the same decode, released early."""
-    def given(name: str, default=None):
-        value = values.get(name)
-        return default if value is None else value
-
-    languages = {}
-    for name in ("language", "allowed_languages"):
-        codes = given(name)
-        try:
-            if isinstance(codes, list):
-                languages[name] = adapter.validate_language_choices(codes)
-            else:
-                languages[name] = adapter.validate_language(codes)
-        except UnsupportedLanguageError as e:
-            raise OptionError(name, str(e), code="unsupported_language") from None
-
-    if task not in adapter.supported_tasks:
-        raise OptionError("model", f"This model cannot {task}: it only does {', '.join(adapter.supported_tasks)} "
-                                   "(English-only Whisper models do not translate)", code="unsupported_value")
-    if response_format in TIMED_FORMATS and not adapter.supports_timestamps:
-        raise OptionError("response_format", f"This model cannot time its text; {response_format!r} needs times. "
-                                             "Use 'json' or 'text'", code="unsupported_value")
-    granularities = list(given("timestamp_granularities", []))
-    for g in granularities:
-        if g not in ("segment", "word"):
-            raise OptionError("timestamp_granularities", f"Unknown timestamp granularity {g!r}; use 'segment' or 'word'")
-    word_timestamps = "word" in granularities
-    # OpenAI's rule: "segment" is what every format gives anyway (json and text too, and
-    # streams: SGLang's clients send it there); "word" needs verbose_json, the one format with words.
-    if word_timestamps and response_format != "verbose_json":
-        raise OptionError("timestamp_granularities", "timestamp_granularities 'word' needs response_format "
-                                                     "'verbose_json'", code="unsupported_value")
-    if word_timestamps and not adapter.supports_word_timestamps:
-        raise OptionError("timestamp_granularities", "This model cannot time words; use 'segment'",
-                          code="unsupported_value")
-
-    if diarized and not adapter.supports_word_timestamps:
-        raise OptionError("response_format", "This model cannot time words, and diarization gives each word its "
-                                             "speaker", code="unsupported_value")
-
-    include = list(given("include", []))
-    for item in include:
-        if item != "logprobs":
-            raise OptionError("include", f"include[]={item!r} is not supported; the one value is 'logprobs'",
-                              code="unsupported_value")
-    token_logprobs = "logprobs" in include
-    # OpenAI gives logprobs in json (and its stream's done event); verbose_json has them too here,
-    # beside the segments. text and the subtitle formats have no place for them.
-    if token_logprobs and response_format not in ("json", "verbose_json"):
-        raise OptionError("include", f"include[]=logprobs needs response_format 'json' or 'verbose_json', not "
-                                     f"{response_format!r}", code="unsupported_value")
-
-    searching = given("use_beam_search")
-    if searching is None:
-        beams = 1 if default_beam_size == 1 else given("n", default_beam_size)
-    else:
-        beams = given("n", DEFAULT_BEAM_SIZE) if searching else 1
-    if beams == 1 and given("n", 1) > 1:
-        raise OptionError("n", "n sets the beams of a beam search, and this request decodes greedily "
-                               "(use_beam_search=false, or an engine without beam search); use n with "
-                               "use_beam_search=true", code="unsupported_value")
-    fallback = given("temperature_fallback")
-    defaults = QualityThresholds()
+    given = _Given(values)
+    language, candidate_languages = _languages(given, adapter)
+    _check_model_can(adapter, task, response_format, diarized)
+    word_timestamps = _word_timestamps(given, adapter, response_format)
+    token_logprobs = _token_logprobs(given, response_format)
     top_k = given("top_k")
     return TranscriptionOptions(
         task=task,
-        language=languages["language"],
-        candidate_languages=languages["allowed_languages"],
+        language=language,
+        candidate_languages=candidate_languages,
         # Every format decodes with timestamps where the model has them (as faster-whisper does):
         # one decode, so json and text hold exactly the words the subtitles do, and every format
         # gets the seek past a window's last segment (transcription.py).
@@ -291,21 +234,115 @@ def build_options(values: Mapping[str, object], adapter: TranscriptionAdapter, t
         frequency_penalty=given("frequency_penalty", 0.0),
         presence_penalty=given("presence_penalty", 0.0),
         max_new_tokens=given("max_completion_tokens"),
-        thresholds=QualityThresholds(
-            compression_ratio=given("compression_ratio_threshold", defaults.compression_ratio),
-            log_prob=given("log_prob_threshold", defaults.log_prob),
-            no_speech=given("no_speech_threshold", defaults.no_speech),
-        ),
-        fallback_temperatures=TranscriptionOptions.fallback_temperatures if fallback in (None, True) else (),
+        thresholds=_thresholds(given),
+        fallback_temperatures=(TranscriptionOptions.fallback_temperatures
+                               if given("temperature_fallback") in (None, True) else ()),
         detect_language_per_chunk=given("detect_language_per_chunk", False),
         condition_on_previous_text=given("condition_on_previous_text", False),
         vad_filter=given("vad_filter", True),
         vad=_vad_settings(given("chunking_strategy"), given("vad_filter", True)),
         word_timestamps=word_timestamps or diarized,  # each word goes to its speaker
         token_logprobs=token_logprobs,
-        beam_size=beams,
+        beam_size=_beam_size(given, default_beam_size),
         length_penalty=given("length_penalty"),
         detection=detection,
+    )
+
+
+class _Given:
+    """An option's value as the request gave it, or ``default`` where it gave none."""
+
+    def __init__(self, values: Mapping[str, object]):
+        self.values = values
+
+    def __call__(self, name: str, default=None):
+        value = self.values.get(name)
+        return default if value is None else value
+
+
+def _languages(given: _Given, adapter: TranscriptionAdapter) -> tuple[str | None, tuple[str, ...] | None]:
+    """``language`` and ``allowed_languages`` as the adapter's codes (None: not given)."""
+    languages = {}
+    for name in ("language", "allowed_languages"):
+        codes = given(name)
+        try:
+            if isinstance(codes, list):
+                languages[name] = adapter.validate_language_choices(codes)
+            else:
+                languages[name] = adapter.validate_language(codes)
+        except UnsupportedLanguageError as e:
+            raise OptionError(name, str(e), code="unsupported_language") from None
+    return languages["language"], languages["allowed_languages"]
+
+
+def _check_model_can(adapter: TranscriptionAdapter, task: str, response_format: str, diarized: bool) -> None:
+    """Refuse what the model itself cannot do: the task, times for a timed format, word times
+    for diarization."""
+    if task not in adapter.supported_tasks:
+        raise OptionError("model", f"This model cannot {task}: it only does {', '.join(adapter.supported_tasks)} "
+                                   "(English-only Whisper models do not translate)", code="unsupported_value")
+    if response_format in TIMED_FORMATS and not adapter.supports_timestamps:
+        raise OptionError("response_format", f"This model cannot time its text; {response_format!r} needs times. "
+                                             "Use 'json' or 'text'", code="unsupported_value")
+    if diarized and not adapter.supports_word_timestamps:
+        raise OptionError("response_format", "This model cannot time words, and diarization gives each word its "
+                                             "speaker", code="unsupported_value")
+
+
+def _word_timestamps(given: _Given, adapter: TranscriptionAdapter, response_format: str) -> bool:
+    """Whether ``timestamp_granularities`` asks for words, where it can."""
+    granularities = list(given("timestamp_granularities", []))
+    for g in granularities:
+        if g not in ("segment", "word"):
+            raise OptionError("timestamp_granularities", f"Unknown timestamp granularity {g!r}; use 'segment' or 'word'")
+    word_timestamps = "word" in granularities
+    # OpenAI's rule: "segment" is what every format gives anyway (json and text too, and
+    # streams: SGLang's clients send it there); "word" needs verbose_json, the one format with words.
+    if word_timestamps and response_format != "verbose_json":
+        raise OptionError("timestamp_granularities", "timestamp_granularities 'word' needs response_format "
+                                                     "'verbose_json'", code="unsupported_value")
+    if word_timestamps and not adapter.supports_word_timestamps:
+        raise OptionError("timestamp_granularities", "This model cannot time words; use 'segment'",
+                          code="unsupported_value")
+    return word_timestamps
+
+
+def _token_logprobs(given: _Given, response_format: str) -> bool:
+    """Whether ``include[]`` asks for the text tokens' log-probabilities, where it can."""
+    include = list(given("include", []))
+    for item in include:
+        if item != "logprobs":
+            raise OptionError("include", f"include[]={item!r} is not supported; the one value is 'logprobs'",
+                              code="unsupported_value")
+    token_logprobs = "logprobs" in include
+    # OpenAI gives logprobs in json (and its stream's done event); verbose_json has them too here,
+    # beside the segments. text and the subtitle formats have no place for them.
+    if token_logprobs and response_format not in ("json", "verbose_json"):
+        raise OptionError("include", f"include[]=logprobs needs response_format 'json' or 'verbose_json', not "
+                                     f"{response_format!r}", code="unsupported_value")
+    return token_logprobs
+
+
+def _beam_size(given: _Given, default_beam_size: int) -> int:
+    """The beams: ``n`` with ``use_beam_search``, the runtime's default without it, 1 greedy."""
+    searching = given("use_beam_search")
+    if searching is None:
+        beams = 1 if default_beam_size == 1 else given("n", default_beam_size)
+    else:
+        beams = given("n", DEFAULT_BEAM_SIZE) if searching else 1
+    if beams == 1 and given("n", 1) > 1:
+        raise OptionError("n", "n sets the beams of a beam search, and this request decodes greedily "
+                               "(use_beam_search=false, or an engine without beam search); use n with "
+                               "use_beam_search=true", code="unsupported_value")
+    return beams
+
+
+def _thresholds(given: _Given) -> QualityThresholds:
+    defaults = QualityThresholds()
+    return QualityThresholds(
+        compression_ratio=given("compression_ratio_threshold", defaults.compression_ratio),
+        log_prob=given("log_prob_threshold", defaults.log_prob),
+        no_speech=given("no_speech_threshold", defaults.no_speech),
     )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from contextlib import aclosing
 from typing import AsyncIterator, Callable
 
@@ -42,7 +42,8 @@ from .language_vote import is_outlier, vote
 from .speech_gate import SpeechGate, SpeechScan
 from .transcription_types import (ChunkDone, Finished, PipelineEvent, Segment, TokenLogprob, TranscriptionOptions,
                                   TranscriptionResult)
-from .window_decode import DecodeParts, WindowDecode, decode_params
+from .piece_decode import DecodeParts, decode_params
+from .window_decode import WindowDecode
 from .window_outcome import TextJoin, WindowOutcome, token_logprobs
 from .word_timing import Word, snap_to_speech_onsets
 
@@ -92,6 +93,29 @@ class _PlannedWindow:
     job: asyncio.Future | None  # -> WindowOutcome; None: started when the text before it is known
 
 
+@dataclass
+class _Schedule:
+    """One request's decodes in flight: the windows as planned (then None), the jobs started,
+    and the room for more (engine.interface's max_request_windows)."""
+
+    live_since: float | None  # set: a person has watched for this text since then (realtime)
+    room: asyncio.Semaphore
+    planned: asyncio.Queue[_PlannedWindow | None] = field(default_factory=asyncio.Queue)
+    jobs: list[asyncio.Future] = field(default_factory=list)
+
+    def priority(self) -> Priority:
+        """A window's place in the engine's queue, as it is planned now."""
+        if self.live_since is not None:
+            return Priority(self.live_since, live=True)
+        return Priority(time.monotonic())
+
+    def cancel(self, planning: asyncio.Future) -> None:
+        """No planning or decode of this request runs on."""
+        for job in (planning, *self.jobs):
+            job.cancel()
+            job.add_done_callback(_retrieve)
+
+
 class Transcriber:
     def __init__(self, engine: Engine, adapter: TranscriptionAdapter, gate: SpeechGate | None = None):
         self.engine = engine
@@ -116,50 +140,19 @@ class Transcriber:
         generator early cancels every decode still running. ``live_since``: someone has watched
         for this text since that time.monotonic() (a realtime session): its windows go in the
         engine's live lane, ahead of all file work, and there the longest wait goes first."""
-
-        def planned_at() -> Priority:  # the window's place in the engine's queue
-            if live_since is not None:
-                return Priority(live_since, live=True)
-            return Priority(time.monotonic())
-
         options = self._for_model(options)
         plan = await self.plan(audio, options)
-        conditioned = options.condition_on_previous_text
-        jobs: list[asyncio.Future] = []
-        # The windows in order as they are planned, then None. Each window's decode starts as soon
-        # as it is planned (after the first one's end, when that one decodes alone), unless it
-        # needs the text before it (conditioned); at most max_request_windows decode at once, and
-        # planning waits for room (engine.interface).
-        planned: asyncio.Queue[_PlannedWindow | None] = asyncio.Queue()
-        room = asyncio.Semaphore(self.engine.max_request_windows)
-
-        async def start_windows() -> None:
-            try:
-                async for window in plan.windows:
-                    if conditioned:  # started by the loop below, once the text before it is known
-                        planned.put_nowait(_PlannedWindow(window, planned_at(), None))
-                        continue
-                    await room.acquire()
-                    if jobs and plan.first_alone:
-                        await asyncio.wait({jobs[0]})
-                    priority = planned_at()
-                    job = self._start(window, options, None, priority, on_chunk_done)
-                    job.add_done_callback(lambda _: room.release())
-                    jobs.append(job)
-                    planned.put_nowait(_PlannedWindow(window, priority, job))
-            finally:
-                planned.put_nowait(None)
-
-        planning = asyncio.ensure_future(start_windows())
+        schedule = _Schedule(live_since, asyncio.Semaphore(self.engine.max_request_windows))
+        planning = asyncio.ensure_future(self._start_windows(plan, options, schedule, on_chunk_done))
         outcomes: list[WindowOutcome] = []
         joined = TextJoin(self.adapter)
         previous: str | None = None
         try:
-            while (item := await planned.get()) is not None:
+            while (item := await schedule.planned.get()) is not None:
                 job = item.job
                 if job is None:  # each window needs the text before it: one at a time
                     job = self._start(item.window, options, previous, item.priority, on_chunk_done)
-                    jobs.append(job)
+                    schedule.jobs.append(job)
                 outcome = await self._settled(outcomes, await job, options, audio, previous, item.priority)
                 outcomes.append(outcome)
                 kept = [p for p in outcome.pieces if p.params is not None]
@@ -167,23 +160,50 @@ class Transcriber:
                                 sum(len(p.params.prompt_ids) for p in kept), sum(len(p.result.token_ids) for p in kept))
                 previous = self._context_after(outcome, previous, options)
             await planning  # a planning failure is the request's
-            result = self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate, plan.speech)
-            if result.language is None and result.detection_failure is None and options.name_language_of_silence:
-                result.language, result.language_probability = await self._language_of_silence(audio, options)
-            yield Finished(result)
+            yield Finished(await self._result(outcomes, options, audio, plan))
         finally:  # finished, failed or abandoned: no planning or decode of this request runs on
-            planning.cancel()
-            planning.add_done_callback(_retrieve)
-            for job in jobs:
-                job.cancel()
-                job.add_done_callback(_retrieve)
+            schedule.cancel(planning)
+
+    async def _start_windows(self, plan: WindowPlan, options: TranscriptionOptions, schedule: _Schedule,
+                             on_chunk_done: Callable[[AudioChunk], None] | None) -> None:
+        """Put the windows in ``schedule.planned`` in order as they are planned, then None. Each
+        window's decode starts as soon as it is planned (after the first one's end, when that one
+        decodes alone), unless it needs the text before it (conditioned); at most
+        max_request_windows decode at once, and planning waits for room (engine.interface)."""
+        try:
+            async for window in plan.windows:
+                if options.condition_on_previous_text:  # started by run(), once the text before it is known
+                    schedule.planned.put_nowait(_PlannedWindow(window, schedule.priority(), None))
+                    continue
+                await schedule.room.acquire()
+                if schedule.jobs and plan.first_alone:
+                    await asyncio.wait({schedule.jobs[0]})
+                priority = schedule.priority()
+                job = self._start(window, options, None, priority, on_chunk_done)
+                job.add_done_callback(lambda _: schedule.room.release())
+                schedule.jobs.append(job)
+                schedule.planned.put_nowait(_PlannedWindow(window, priority, job))
+        finally:
+            schedule.planned.put_nowait(None)
+
+    async def _result(self, outcomes: list[WindowOutcome], options: TranscriptionOptions, audio: np.ndarray,
+                      plan: WindowPlan) -> TranscriptionResult:
+        """The request's result from its windows' outcomes; audio with no speech still gets the
+        language it most probably is, where the request wants one."""
+        result = self._assemble(outcomes, options, audio.shape[0] / self.adapter.config.sample_rate, plan.speech)
+        if result.language is None and result.detection_failure is None and options.name_language_of_silence:
+            result.language, result.language_probability = await self._language_of_silence(audio, options)
+        return result
 
     def refusal(self, options: TranscriptionOptions) -> UnsupportedDecode | None:
         """Why the engine cannot decode what ``options`` ask for. Checked before any work, so
         the caller gets a 400 instead of a failure mid-request."""
-        # Conditioning on the previous chunk puts its text in the next chunk's prompt.
-        previous = "." if options.condition_on_previous_text else None
-        return self.engine.refusal(decode_params(self.adapter, self._for_model(options), previous_text=previous))
+        if options.condition_on_previous_text and not self.engine.carries_prompt_text:
+            return UnsupportedDecode("condition_on_previous_text puts the previous window's text in the next "
+                                     "window's prompt, and this server's engine cannot carry text before "
+                                     "<|startoftranscript|> (with SGLang: install the asr_whisper_prompt plugin, "
+                                     "docs/scaling-out.md)", "condition_on_previous_text")
+        return self.engine.refusal(decode_params(self.adapter, self._for_model(options)))
 
     def _for_model(self, options: TranscriptionOptions) -> TranscriptionOptions:
         """A model that detects no language (English-only Whisper) transcribes its one language:

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import soundfile as sf
 
-from asr_service.realtime.session import (Completed, RealtimeSession, SessionConfig, SpeechStarted, SpeechStopped,
-                                          TextDelta)
+from asr_service.realtime.events import Completed, SpeechStarted, SpeechStopped, TextDelta
+from asr_service.realtime.session import RealtimeSession, SessionConfig
 from asr_service.realtime.turn_detection import TurnDetectionSettings
 from asr_service.request_options import build_options
 from asr_service.runtime import RuntimeSettings, build_runtime

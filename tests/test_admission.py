@@ -7,7 +7,7 @@ import pytest
 
 from asr_service.audio import decode_audio
 from asr_service.server.admission import Admission, AdmissionLimits, Overloaded
-from tests.test_audio import encode
+from tests.helpers import encode
 
 pytestmark = pytest.mark.unit
 

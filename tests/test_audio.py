@@ -1,9 +1,7 @@
 """Every accepted container decodes (files made here with PyAV); every bad input gets the typed error."""
 
-import io
 import os
 
-import av
 import numpy as np
 import pytest
 
@@ -16,6 +14,7 @@ from asr_service.audio import (
     decode_audio,
 )
 from support.clips import clip_path
+from tests.helpers import encode, one_hertz_bomb
 
 pytestmark = pytest.mark.unit
 
@@ -31,30 +30,6 @@ FORMATS = [
     ("wav", "wav", "pcm_s16le"),
     ("webm", "webm", "libopus"),
 ]
-
-
-def encode_samples(planar: np.ndarray, rate: int, layout: str, codec: str, fmt: str, container: str) -> bytes:
-    """Samples (channels x n) encoded by FFmpeg's libraries through PyAV, in memory."""
-    buf = io.BytesIO()
-    with av.open(buf, mode="w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate, layout=layout)
-        for i in range(0, planar.shape[1], 1024):
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planar[:, i : i + 1024]), format=fmt, layout=layout)
-            frame.sample_rate = rate
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
-    return buf.getvalue()
-
-
-def encode(container_format: str, codec: str, seconds=1.5, rate=44100, layout="stereo") -> bytes:
-    """A tone in the given container and codec."""
-    codec_rate = 48000 if codec == "libopus" else rate
-    t = np.arange(int(seconds * codec_rate)) / codec_rate
-    tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
-    planar = np.tile(tone, (2 if layout == "stereo" else 1, 1))
-    return encode_samples(planar, codec_rate, layout, codec, "fltp", container_format)
 
 
 @pytest.mark.parametrize("name,container,codec", FORMATS, ids=[f[0] for f in FORMATS])
@@ -110,19 +85,6 @@ def test_duration_limit_stops_decoding_early():
     assert decode_audio(data, AudioLimits(max_seconds=5.0)).shape[0] > 60000
 
 
-def one_hertz_bomb() -> bytes:
-    """10,844 bytes of 8-bit mono WAV at 1 Hz: three hours once resampled to 16 kHz."""
-    return _wav_header(1, 10_800) + bytes([128]) * 10_800
-
-
-def _wav_header(rate: int, samples: int) -> bytes:
-    """A RIFF/WAVE header for 8-bit mono PCM at ``rate``, ``samples`` bytes of data."""
-    fmt = (16).to_bytes(4, "little") + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") \
-        + rate.to_bytes(4, "little") + rate.to_bytes(4, "little") + (1).to_bytes(2, "little") + (8).to_bytes(2, "little")
-    body = b"WAVE" + b"fmt " + fmt + b"data" + samples.to_bytes(4, "little")
-    return b"RIFF" + (len(body) + samples).to_bytes(4, "little") + body
-
-
 def test_a_tiny_file_at_one_hertz_is_refused_before_decoding():
     """10,844 bytes that would resample into 3 hours of 16 kHz audio (a decompression bomb)."""
     with pytest.raises(InvalidAudioError) as e:
@@ -145,7 +107,7 @@ MEMORY_PROBE = """
 import sys
 import numpy as np
 from asr_service.audio import AudioLimits, decode_audio
-from tests.test_audio import pcm16_wav
+from tests.helpers import pcm16_wav
 
 def kib(field):
     with open("/proc/self/status") as f:
@@ -157,15 +119,6 @@ before = kib("VmRSS")
 audio = decode_audio(data, AudioLimits(max_bytes=len(data), max_seconds=minutes * 60 + 1))
 print(audio.nbytes, (kib("VmHWM") - before) * 1024)
 """
-
-
-def pcm16_wav(rate: int, samples: np.ndarray) -> bytes:
-    """A RIFF/WAVE file of 16-bit mono PCM."""
-    fmt = (16).to_bytes(4, "little") + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") \
-        + rate.to_bytes(4, "little") + (2 * rate).to_bytes(4, "little") + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
-    size = 2 * samples.shape[0]
-    body = b"WAVE" + b"fmt " + fmt + b"data" + size.to_bytes(4, "little")
-    return b"RIFF" + (len(body) + size).to_bytes(4, "little") + body + samples.astype("<i2").tobytes()
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the peak RSS from /proc")

@@ -23,7 +23,7 @@ from openai.types.audio import TranscriptionDiarized
 from support.clips import clip_path, load_clip
 from support.dialogue import synthesize
 from support.speakers import VOICES
-from tests.test_server_api import assert_openai_error
+from tests.helpers import assert_openai_error
 
 pytestmark = pytest.mark.server
 

@@ -20,7 +20,7 @@ from asr_service.transcription_types import Segment, TranscriptionResult
 from asr_service.server.admission import Admission, AdmissionLimits, Overloaded
 from asr_service.word_timing import Word
 from support.clips import clip_path
-from tests.test_server_api import wav_bytes as wav_of
+from tests.helpers import wav_bytes as wav_of
 
 pytestmark = pytest.mark.unit
 

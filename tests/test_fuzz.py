@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from asr_service.request_options import OPTIONS
 from support.clips import clip_path, load_clip
-from tests.test_audio import encode_samples
+from tests.helpers import encode_samples
 
 pytestmark = pytest.mark.slow
 

@@ -25,9 +25,7 @@ import pytest
 import websockets
 
 from support.clips import all_clips, load_clip
-from tests.test_audio import encode_samples, one_hertz_bomb
-from tests.test_realtime_parts import pcm16
-from tests.test_server_api import wav_bytes
+from tests.helpers import encode_samples, one_hertz_bomb, pcm16, wav_bytes
 
 pytestmark = pytest.mark.slow
 

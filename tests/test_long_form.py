@@ -16,7 +16,7 @@ from asr_service.engine.params import Priority
 from asr_service.fallback import QualityThresholds
 from asr_service.transcription import Transcriber
 from asr_service.transcription_types import Finished, TranscriptionOptions
-from asr_service.window_decode import WindowDecode, decode_params
+from asr_service.piece_decode import PieceDecode, decode_params
 
 from asr_service.request_options import build_options
 from support.clips import load_clip, reference
@@ -177,6 +177,7 @@ class _Recording:
     def __init__(self, engine):
         self.engine, self.name, self.warm_copies, self.beam_search = engine, engine.name, engine.warm_copies, engine.beam_search
         self.max_request_windows, self.audio_sized_encoder = engine.max_request_windows, engine.audio_sized_encoder
+        self.carries_prompt_text = engine.carries_prompt_text
         self.decodes = []
 
     def submit(self, audio, params, priority=None):
@@ -436,13 +437,13 @@ async def test_each_window_drops_its_alignment_attention_once_its_words_are_time
     window's decode ends, not held for every window of a long file until the response is
     assembled."""
     outcomes = []
-    build = WindowDecode._outcome
+    build = PieceDecode._outcome
 
     def kept(self, *args):
         outcomes.append(build(self, *args))
         return outcomes[-1]
 
-    monkeypatch.setattr(WindowDecode, "_outcome", kept)
+    monkeypatch.setattr(PieceDecode, "_outcome", kept)
     en = [("en", "counting"), ("en", "quick_brown_fox")]
     audio = np.concatenate([_window(*en), _window(*en[::-1])])
     options = TranscriptionOptions(word_timestamps=True, timestamps=True, vad_filter=False)  # two fixed windows
@@ -513,8 +514,8 @@ async def greedy_and_beam(runtime):
     for beams in (1, 5):
         options = TranscriptionOptions(beam_size=beams, fallback_temperatures=())
         params = decode_params(t.adapter, options)
-        decode = WindowDecode(t.parts, options, None, priority=Priority(0.0))
-        out[beams] = await asyncio.gather(*(decode._decode(AudioChunk(0, load_clip(*c), 16000), params) for c in clips))
+        decode = PieceDecode(t.parts, options, priority=Priority(0.0))
+        out[beams] = await asyncio.gather(*(decode.decode(AudioChunk(0, load_clip(*c), 16000), params) for c in clips))
     return clips, out[1], out[5]
 
 

@@ -18,7 +18,7 @@ import websockets
 
 from support.clips import load_clip, reference
 from support.textnorm import normalize, spoken
-from tests.test_realtime_parts import pcm16, resample
+from tests.helpers import append, pcm16, resample
 
 pytestmark = pytest.mark.server
 
@@ -48,10 +48,6 @@ def ws_url(server):
         time.sleep(0.05)
     assert health(server)["realtime_sessions"] == 0
     return server.url.replace("http://", "ws://") + "/v1/realtime"
-
-
-def append(audio_bytes: bytes) -> str:
-    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(audio_bytes).decode()})
 
 
 async def send_frames(ws, audio: bytes, frame_bytes: int, pause: float) -> None:

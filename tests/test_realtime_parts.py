@@ -2,7 +2,6 @@
 
 import base64
 
-import av
 import numpy as np
 import pytest
 
@@ -14,25 +13,13 @@ from asr_service.realtime.session import SessionConfig
 from asr_service.realtime.stable_text import agreed, before_loop, continuation, extension
 from asr_service.realtime.turn_detection import TurnDetectionSettings, TurnDetector
 from support.clips import load_clip
+from tests.helpers import pcm16, resample
 
 pytestmark = pytest.mark.model
 
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def pcm16(audio: np.ndarray) -> bytes:
-    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
-
-
-def resample(audio: np.ndarray, rate: int) -> np.ndarray:
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-    frame = av.AudioFrame.from_ndarray(audio.astype(np.float32).reshape(1, -1), format="flt", layout="mono")
-    frame.sample_rate = 16000
-    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(out)
 
 
 # ---- input audio ----

@@ -7,7 +7,8 @@ from dataclasses import replace
 import numpy as np
 
 from asr_service.fallback import QualityThresholds
-from asr_service.realtime.session import Completed, RealtimeSession, SessionConfig, SessionError, TextDelta
+from asr_service.realtime.events import Completed, SessionError, TextDelta
+from asr_service.realtime.session import RealtimeSession, SessionConfig
 from asr_service.realtime.turn_detection import TurnDetectionSettings
 from asr_service.request_options import build_options
 from support.clips import load_clip

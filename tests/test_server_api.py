@@ -8,10 +8,10 @@ import jiwer
 import numpy as np
 import openai
 import pytest
-import soundfile as sf
 
 from support.clips import clip_path, load_clip, reference
 from support.textnorm import normalize
+from tests.helpers import assert_openai_error, sse_events, wav_bytes
 
 pytestmark = pytest.mark.server
 
@@ -29,32 +29,8 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def wav_bytes(audio: np.ndarray) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    sf.write(buf, audio, 16000, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
-
-
 def post(server, data=None, files=None, path="/v1/audio/transcriptions", **kw):
     return httpx.post(server.url + path, data=data or {}, files=files, timeout=120, **kw)
-
-
-def assert_openai_error(response, status, param=None, code=None):
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
-    assert body["error"]["message"]
-    if param is not None:
-        assert body["error"]["param"] == param
-    if code is not None:
-        assert body["error"]["code"] == code
-    return body["error"]
-
-
-def sse_events(response) -> list[str]:
-    return [line[len("data: "):] for line in response.text.splitlines() if line.startswith("data: ")]
 
 
 def still_healthy(server):

@@ -18,8 +18,7 @@ import websockets
 from asr_service.server.auth import ApiKeys, keys_from
 from support.clips import clip_path, load_clip
 from support.redecodes import redecodes, redecodes_since
-from tests.test_audio import one_hertz_bomb
-from tests.test_server_api import assert_openai_error, wav_bytes
+from tests.helpers import assert_openai_error, one_hertz_bomb, wav_bytes
 
 pytestmark = pytest.mark.server
 

@@ -29,10 +29,10 @@ from asr_service.engine.sglang import Carrier, SGLangEngine
 from asr_service.runtime import sglang_canaries
 from asr_service.transcription import Transcriber
 from asr_service.transcription_types import TranscriptionOptions
-from asr_service.window_decode import decode_params
+from asr_service.piece_decode import decode_params
 from support.clips import clip_path, load_clip
+from tests.helpers import append, assert_openai_error, sse_events, wav_bytes
 from tests.sglang_standin import REPLY_FAULTS, Faults, SGLangStandIn
-from tests.test_server_api import assert_openai_error, sse_events, wav_bytes
 
 pytestmark = pytest.mark.server
 
@@ -178,6 +178,14 @@ async def test_a_prompt_goes_to_a_server_with_the_plugin_only(runtime, standins)
     only_a = await admitted(runtime, a.url)
     problem = only_a.refusal(options)
     assert isinstance(problem, UnsupportedDecode) and problem.param == "prompt" and "plugin" in str(problem)
+    # The engine says so itself, so a request that would put the previous window's text in the
+    # prompt is refused before any work too, while A and B together carry it.
+    assert tr.engine.carries_prompt_text and not only_a.engine.carries_prompt_text
+    conditioned = TranscriptionOptions(condition_on_previous_text=True)
+    assert tr.refusal(conditioned) is None
+    problem = only_a.refusal(conditioned)
+    assert isinstance(problem, UnsupportedDecode) and problem.param == "condition_on_previous_text"
+    assert "plugin" in str(problem)
 
 
 async def test_incremental_and_cumulative_events_give_the_same_tokens(runtime, standins):
@@ -486,7 +494,6 @@ def test_front_streams_deltas_and_a_client_that_leaves_aborts_the_decode(front, 
 async def test_front_realtime_session_decodes_through_sglang(front, standins):
     import websockets
 
-    from tests.test_realtime_api import append
 
     sent_before = sum(len(s.requests) for s in standins)
     pcm = (np.clip(load_clip("en", "quick_brown_fox"), -1, 1) * 32767).astype("<i2").tobytes()

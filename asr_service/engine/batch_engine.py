@@ -27,7 +27,6 @@ import asyncio
 import collections
 import itertools
 import logging
-import math
 import threading
 import time
 
@@ -36,10 +35,9 @@ import torch
 
 from adapters.decode_request import DecodeParams
 
-from ..pcm import SAMPLE_RATE
 from .beam_search import BeamGroup
+from .beam_step import in_parent_slots, take_parents
 from .encoder_cache import EncoderCache
-from .features import CHUNK_SECONDS, N_FRAMES, log_mel_spectrogram
 from .interface import EngineFigures
 from .lane import Lane
 from .logits import apply_penalties, apply_whisper_rules, choose_tokens
@@ -48,13 +46,11 @@ from .params import Priority, StepEvent, UnsupportedDecode
 from .phase_clock import PhaseClock
 from .sequence import DecodingSequence
 from .stream import SequenceStream
+from .window_encoder import WindowEncoder
 
 log = logging.getLogger(__name__)
 
 SELF_ATTENTION_BLOCK = 64  # positions (see _forward)
-# An audio-sized encoding (DecodeParams.audio_sized_encoder) reads this much silence after the
-# audio too, so the speech's last frames see the silence that follows them in a whole window.
-AUDIO_SIZED_MARGIN_S = 1.0
 # The live lane's audio windows: one decode each for a handful of realtime sessions at once
 # (each session has one decode in flight); its rows are max_batch_size, so any search fits.
 LIVE_WINDOWS = 4
@@ -72,6 +68,7 @@ class BatchEngine:
     warm_copies = 1
     beam_search = True
     audio_sized_encoder = True
+    carries_prompt_text = True  # the prompt is the decoder's own input
 
     # One encoder window per admission by default: on the CPU the encoder is compute-bound, so
     # stacking windows gains nothing and multiplies activation memory.
@@ -107,14 +104,13 @@ class BatchEngine:
         self._live_admitted_at = 0.0  # time.monotonic() of the live lane's last admission
         self._wake = threading.Condition()
         self._stopping = False
-        self._encoder = EncoderCache(self._encode_windows)
-        self._silent_window: torch.Tensor | None = None  # encoder output of a silent window, once needed
+        self.clock = PhaseClock()
+        self._encoder = EncoderCache(WindowEncoder(model, encoder_dtype, self.clock))
         self.steps = 0  # decode steps run
         self.tokens_total = 0  # tokens decoded (one per active sequence per step, and each taken from a draft)
         self.batch_sizes: collections.Counter[int] = collections.Counter()  # steps run at each batch size
         self.submitted_total = 0
         self.cancelled_total = 0  # sequences ended by cancel() before they finished
-        self.clock = PhaseClock()
         self._thread = threading.Thread(target=self._run, name="asr-engine", daemon=True)
         self._thread.start()
 
@@ -261,36 +257,6 @@ class BatchEngine:
                         self._live_admitted_at = now
             return lanes, admitted
 
-    def _encode_windows(self, windows: list[tuple[np.ndarray, bool]]) -> torch.Tensor:
-        """Encoder output per (audio, sized) window. Whole windows are encoded together; a sized
-        one (DecodeParams.audio_sized_encoder) alone, over its own seconds only."""
-        with self.clock.timing("encoder"):
-            outputs: list[torch.Tensor | None] = [None] * len(windows)
-            whole = [i for i, (_, sized) in enumerate(windows) if not sized]
-            if whole:
-                for i, output in zip(whole, self._encode([windows[i][0] for i in whole])):
-                    outputs[i] = output
-            for i, (audio, sized) in enumerate(windows):
-                if sized:
-                    outputs[i] = self._encode_audio_sized(audio)
-            return torch.stack(outputs)
-
-    def _encode(self, audios: list[np.ndarray], frames: int = N_FRAMES) -> torch.Tensor:
-        mel = torch.stack([log_mel_spectrogram(a, self.dims.n_mels)[:, :frames] for a in audios])
-        with torch.autocast(self.device.type, dtype=self.encoder_dtype or torch.bfloat16,
-                            enabled=self.encoder_dtype is not None):
-            return self.model.encoder(mel.to(self.device, self.dtype)).to(self.dtype)
-
-    def _encode_audio_sized(self, audio: np.ndarray) -> torch.Tensor:
-        """The encoder over the audio's whole seconds plus AUDIO_SIZED_MARGIN_S; the window's
-        later positions are a silent window's output, so the decoder sees the window it knows
-        (speech, then silence to 30 s) at a fraction of the encoder's work."""
-        if self._silent_window is None:
-            self._silent_window = self._encode([np.zeros(0, dtype=np.float32)])[0]
-        seconds = min(CHUNK_SECONDS, math.ceil(audio.shape[0] / SAMPLE_RATE + AUDIO_SIZED_MARGIN_S))
-        head = self._encode([audio], seconds * N_FRAMES // CHUNK_SECONDS)[0]
-        return torch.cat([head, self._silent_window[head.shape[0]:]])
-
     def _admit(self, lane: Lane, seqs: list[DecodingSequence]) -> None:
         self._running_threads = torch.get_num_threads()
         first = len(lane.active)
@@ -327,7 +293,7 @@ class BatchEngine:
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()[None, None]
         hidden = self.model.decoder(tokens, positions, caches, cross, causal)
         if p.probe_ids and p.probe_index < prompt - 1:
-            _record_probe(seq, self.model.decoder.logits(hidden[0, p.probe_index]).float())
+            seq.record_probe(self.model.decoder.logits(hidden[0, p.probe_index]).float())
         if not draft:
             return None
         return self._take_draft(lane, seq, draft, self.model.decoder.logits(hidden[0, prompt - 1:]).float())
@@ -397,8 +363,8 @@ class BatchEngine:
         """The logits pipeline over rows ``seqs`` of ``logits`` (changed in place): probe, penalties,
         grammar mask, Whisper rules; returns the log-probabilities and each row's chosen token."""
         for i, s in enumerate(seqs):  # the probe reads the raw distribution, before any mask
-            if _probe_due(s):
-                _record_probe(s, logits[i])
+            if s.probe_due():
+                s.record_probe(logits[i])
         apply_penalties(seqs, logits)
         lane.grammar_mask(seqs, logits)
         apply_whisper_rules(seqs, logits)
@@ -427,11 +393,11 @@ class BatchEngine:
         # The beams of a group usually sit in consecutive rows: then a view, not a copy of their rows.
         consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
         rows = logprobs[slots[0] : slots[0] + len(slots)] if consecutive else logprobs[slots]
-        chosen = _in_parent_slots(group.select([b.as_hypothesis() for b in beams], rows.cpu(), in_prefix))
+        chosen = in_parent_slots(group.select([b.as_hypothesis() for b in beams], rows.cpu(), in_prefix))
         if chosen:
             lane.slots.copy_self_rows(slots[: len(chosen)], [slots[p] for p, _, _ in chosen],
                                        max(len(b.tokens) for b in beams))
-            _take_parents(beams, chosen)
+            take_parents(beams, chosen)
         live = beams[: len(chosen)]
         release = [(i, "pruned") for i in slots[len(chosen) :]]
         if not group.done(len(live), any(b.at_limit(self.dims.n_text_ctx) for b in live)):
@@ -478,50 +444,3 @@ class BatchEngine:
         if reason == "cancelled":
             self.cancelled_total += 1
         seq.stream.finish(reason, error)
-
-
-def _probe_due(seq: DecodingSequence) -> bool:
-    """The logits about to choose the sequence's first token are the ones its probe reads (the
-    probe is at the prompt's last position, which the prefill does not compute)."""
-    p = seq.params
-    return bool(p.probe_ids) and seq.n_generated == 0 and p.probe_index == len(p.prompt_ids) - 1
-
-
-def _record_probe(seq: DecodingSequence, logits: torch.Tensor) -> None:
-    """The raw next-token probabilities of the params' probe ids (language, no-speech)."""
-    probs = torch.softmax(logits, dim=-1)
-    seq.stream.result.probe_probs = {t: float(probs[t]) for t in seq.params.probe_ids}
-
-
-def _in_parent_slots(chosen: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
-    """The continuations ordered so that as many as can stay in their parent's slot (beam i
-    continues beam i), whose K/V then needs no copy; the beams of a group share their stream,
-    so their order means nothing else."""
-    placed: list[tuple[int, int, float] | None] = [None] * len(chosen)
-    moved = []
-    for continuation in chosen:
-        parent = continuation[0]
-        if parent < len(placed) and placed[parent] is None:
-            placed[parent] = continuation
-        else:
-            moved.append(continuation)
-    free = [i for i, c in enumerate(placed) if c is None]
-    for continuation, i in zip(moved, free):
-        placed[i] = continuation
-    return placed
-
-
-def _take_parents(beams: list[DecodingSequence], chosen: list[tuple[int, int, float]]) -> None:
-    """Beam i continues chosen[i]'s parent with its token: tokens, grammar state and logprobs
-    copied from the parent (a parent chosen twice has its matcher forked)."""
-    states, claimed = [], set()
-    for p, token, lp in chosen:
-        parent = beams[p]
-        matcher = parent.matcher if p not in claimed or parent.matcher is None else parent.matcher.fork()
-        claimed.add(p)
-        states.append((list(parent.tokens), parent.text_start, matcher, parent.beam_logprobs + [lp], token))
-    for beam, (tokens, text_start, matcher, beam_logprobs, token) in zip(beams, states):
-        beam.tokens, beam.text_start, beam.matcher, beam.beam_logprobs = tokens, text_start, matcher, beam_logprobs
-        beam.append(token)
-        if beam.matcher is not None:
-            beam.matcher.accept_token(token)

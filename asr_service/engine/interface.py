@@ -48,6 +48,10 @@ class Engine(Protocol):
     warm_copies: int
     beam_search: bool  # whether it decodes params with beam_size above 1
     audio_sized_encoder: bool  # whether it decodes params with audio_sized_encoder set
+    # Whether it can now carry text before <|startoftranscript|> in a prompt (a request's prompt,
+    # hotwords, the previous window's text); a remote engine can say so only of the servers it
+    # has admitted.
+    carries_prompt_text: bool
     # How many windows of one request are submitted at once (a window with its continuations
     # counts once); its later windows are planned as these end. Enough to keep the engine's
     # batch full, few enough that a long file neither holds all its windows' samples at once

@@ -72,3 +72,14 @@ class DecodingSequence:
         for beam in beams:
             beam.group = group
         return beams
+
+    def probe_due(self) -> bool:
+        """The logits about to choose the sequence's first token are the ones its probe reads
+        (the probe is at the prompt's last position, which the prefill does not compute)."""
+        p = self.params
+        return bool(p.probe_ids) and self.n_generated == 0 and p.probe_index == len(p.prompt_ids) - 1
+
+    def record_probe(self, logits: torch.Tensor) -> None:
+        """The raw next-token probabilities of the params' probe ids (language, no-speech)."""
+        probs = torch.softmax(logits, dim=-1)
+        self.stream.result.probe_probs = {t: float(probs[t]) for t in self.params.probe_ids}

@@ -32,6 +32,17 @@ def _count_layers(variables: dict[str, np.ndarray], prefix: str) -> int:
     return 1 + max(int(m.group(1)) for name in variables if (m := pattern.match(name)))
 
 
+# (kind, our name, CTranslate2's name) for the layers of each stack.
+_ENCODER_LAYER = (("norm", "attn_ln", "self_attention/layer_norm"), ("linear", "qkv", "self_attention/linear_0"),
+                  ("linear", "out", "self_attention/linear_1"), ("norm", "mlp_ln", "ffn/layer_norm"),
+                  ("linear", "mlp.fc1", "ffn/linear_0"), ("linear", "mlp.fc2", "ffn/linear_1"))
+_DECODER_LAYER = (("norm", "self_ln", "self_attention/layer_norm"), ("linear", "self_qkv", "self_attention/linear_0"),
+                  ("linear", "self_out", "self_attention/linear_1"), ("norm", "cross_ln", "attention/layer_norm"),
+                  ("linear", "cross_q", "attention/linear_0"), ("linear", "cross_kv", "attention/linear_1"),
+                  ("linear", "cross_out", "attention/linear_2"), ("norm", "mlp_ln", "ffn/layer_norm"),
+                  ("linear", "mlp.fc1", "ffn/linear_0"), ("linear", "mlp.fc2", "ffn/linear_1"))
+
+
 def convert_ctranslate2_whisper(
     variables: dict[str, np.ndarray], bf16: set[str]
 ) -> tuple[WhisperDims, dict[str, torch.Tensor]]:
@@ -41,19 +52,7 @@ def convert_ctranslate2_whisper(
     if "encoder/conv1/weight" not in variables:
         raise ModelLoadError("CTranslate2 model has no encoder/conv1: not a Whisper model")
     conv1 = t("encoder/conv1/weight")
-    d = conv1.shape[0]
-    dims = WhisperDims(
-        n_mels=conv1.shape[1],
-        n_audio_ctx=variables["encoder/position_encodings/encodings"].shape[0],
-        n_audio_state=d,
-        n_audio_head=int(variables["encoder/num_heads"]),
-        n_audio_layer=_count_layers(variables, "encoder"),
-        n_vocab=variables["decoder/embeddings/weight"].shape[0],
-        n_text_ctx=variables["decoder/position_encodings/encodings"].shape[0],
-        n_text_state=variables["decoder/embeddings/weight"].shape[1],
-        n_text_head=int(variables["decoder/num_heads"]),
-        n_text_layer=_count_layers(variables, "decoder"),
-    )
+    dims = _dims(variables, conv1)
     sd: dict[str, torch.Tensor] = {
         "encoder.conv1.weight": conv1,
         "encoder.conv1.bias": t("encoder/conv1/bias"),
@@ -67,33 +66,30 @@ def convert_ctranslate2_whisper(
         "decoder.ln.weight": t("decoder/layer_norm/gamma"),
         "decoder.ln.bias": t("decoder/layer_norm/beta"),
     }
-
-    def linear(dst: str, src: str) -> None:
-        sd[f"{dst}.weight"] = t(f"{src}/weight")
-        sd[f"{dst}.bias"] = t(f"{src}/bias") if f"{src}/bias" in variables else torch.zeros(sd[f"{dst}.weight"].shape[0])
-
-    def norm(dst: str, src: str) -> None:
-        sd[f"{dst}.weight"] = t(f"{src}/gamma")
-        sd[f"{dst}.bias"] = t(f"{src}/beta")
-
-    for i in range(dims.n_audio_layer):
-        src, dst = f"encoder/layer_{i}", f"encoder.layers.{i}"
-        norm(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
-        linear(f"{dst}.qkv", f"{src}/self_attention/linear_0")
-        linear(f"{dst}.out", f"{src}/self_attention/linear_1")
-        norm(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
-        linear(f"{dst}.mlp.fc1", f"{src}/ffn/linear_0")
-        linear(f"{dst}.mlp.fc2", f"{src}/ffn/linear_1")
-    for i in range(dims.n_text_layer):
-        src, dst = f"decoder/layer_{i}", f"decoder.layers.{i}"
-        norm(f"{dst}.self_ln", f"{src}/self_attention/layer_norm")
-        linear(f"{dst}.self_qkv", f"{src}/self_attention/linear_0")
-        linear(f"{dst}.self_out", f"{src}/self_attention/linear_1")
-        norm(f"{dst}.cross_ln", f"{src}/attention/layer_norm")
-        linear(f"{dst}.cross_q", f"{src}/attention/linear_0")
-        linear(f"{dst}.cross_kv", f"{src}/attention/linear_1")
-        linear(f"{dst}.cross_out", f"{src}/attention/linear_2")
-        norm(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
-        linear(f"{dst}.mlp.fc1", f"{src}/ffn/linear_0")
-        linear(f"{dst}.mlp.fc2", f"{src}/ffn/linear_1")
+    for stack, layers, parts in (("encoder", dims.n_audio_layer, _ENCODER_LAYER),
+                                 ("decoder", dims.n_text_layer, _DECODER_LAYER)):
+        for i in range(layers):
+            for kind, dst, src in parts:
+                dst, src = f"{stack}.layers.{i}.{dst}", f"{stack}/layer_{i}/{src}"
+                if kind == "norm":
+                    sd[f"{dst}.weight"], sd[f"{dst}.bias"] = t(f"{src}/gamma"), t(f"{src}/beta")
+                else:
+                    sd[f"{dst}.weight"] = t(f"{src}/weight")
+                    sd[f"{dst}.bias"] = (t(f"{src}/bias") if f"{src}/bias" in variables
+                                         else torch.zeros(sd[f"{dst}.weight"].shape[0]))
     return dims, sd
+
+
+def _dims(variables: dict[str, np.ndarray], conv1: torch.Tensor) -> WhisperDims:
+    return WhisperDims(
+        n_mels=conv1.shape[1],
+        n_audio_ctx=variables["encoder/position_encodings/encodings"].shape[0],
+        n_audio_state=conv1.shape[0],
+        n_audio_head=int(variables["encoder/num_heads"]),
+        n_audio_layer=_count_layers(variables, "encoder"),
+        n_vocab=variables["decoder/embeddings/weight"].shape[0],
+        n_text_ctx=variables["decoder/position_encodings/encodings"].shape[0],
+        n_text_state=variables["decoder/embeddings/weight"].shape[1],
+        n_text_head=int(variables["decoder/num_heads"]),
+        n_text_layer=_count_layers(variables, "decoder"),
+    )

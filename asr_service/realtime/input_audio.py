@@ -18,9 +18,10 @@ TARGET_RATE = 16000
 
 
 class InputAudioError(ValueError):
-    def __init__(self, message: str, code: str = "invalid_audio"):
+    def __init__(self, message: str, code: str = "invalid_audio", param: str | None = None):
         super().__init__(message)
         self.code = code
+        self.param = param
 
 
 @dataclass(frozen=True)

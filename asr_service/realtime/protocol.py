@@ -23,19 +23,10 @@ from dataclasses import replace
 
 from adapters.base import TranscriptionAdapter
 
+from .events import (Cleared, Committed, Completed, Failed, SessionError, SessionEvent, SpeechStarted, SpeechStopped,
+                     TextDelta)
 from .input_audio import InputAudioError, InputFormat, parse_format
-from .session import (
-    Cleared,
-    Committed,
-    Completed,
-    Failed,
-    SessionConfig,
-    SessionError,
-    SessionEvent,
-    SpeechStarted,
-    SpeechStopped,
-    TextDelta,
-)
+from .session import SessionConfig
 from .turn_detection import TurnDetectionSettings
 
 VLLM = "vllm"

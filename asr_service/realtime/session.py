@@ -32,6 +32,7 @@ import numpy as np
 from ..chunking import split_audio
 from ..transcription import Transcriber
 from ..transcription_types import Draft, TranscriptionOptions
+from .events import (SpeechStarted, SpeechStopped, Committed, Cleared, TextDelta, Completed, Failed, SessionError, SessionEvent)
 from .input_audio import InputFormat
 from .stable_text import agreed, before_loop, continuation, extension
 from ..pcm import SAMPLE_RATE
@@ -76,67 +77,6 @@ class RealtimeLimits:
     # Short, because a word goes out only once two previews agree on it: the sooner the second
     # one, the sooner the word; a preview that checks the last one's tokens (draft) is cheap.
     partial_interval_s: float = 0.3
-
-
-# ---- events (the protocol module turns them into wire JSON) ----
-
-@dataclass(frozen=True)
-class SpeechStarted:
-    item_id: str
-    audio_start_ms: int
-
-
-@dataclass(frozen=True)
-class SpeechStopped:
-    item_id: str
-    audio_end_ms: int
-
-
-@dataclass(frozen=True)
-class Committed:
-    item_id: str
-    previous_item_id: str | None
-
-
-@dataclass(frozen=True)
-class Cleared:
-    pass
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    item_id: str
-    text: str
-
-
-@dataclass(frozen=True)
-class Completed:
-    item_id: str
-    # The utterance's text: a file's decode of its audio. The item's deltas concatenate to it
-    # unless that decode disagrees with words a preview already sent (stable_text.continuation).
-    text: str
-    language: str | None
-    seconds: float
-    prompt_tokens: int
-    output_tokens: int
-    redecodes: dict[str, int] = field(default_factory=dict)  # the final decode's (TranscriptionResult.redecodes)
-
-
-@dataclass(frozen=True)
-class Failed:
-    item_id: str
-    message: str
-    code: str
-
-
-@dataclass(frozen=True)
-class SessionError:
-    message: str
-    code: str
-    param: str | None = None
-
-
-SessionEvent = SpeechStarted | SpeechStopped | Committed | Cleared | TextDelta | Completed | Failed | SessionError
 
 
 @dataclass

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -44,52 +44,63 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.add_middleware(Gate, door=state.door)
     app.add_middleware(SecurityHeaders)  # on every answer, refusals at the door included
     app.add_middleware(RequestLog, metrics=state.metrics)  # added last: the outermost
+    app.include_router(_routes(state))
+    app.mount("/page", StaticFiles(directory=PAGE_DIR), name="page")
+    return app
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with either
+
+def _routes(state: ServerState) -> APIRouter:
+    router = APIRouter()
+
+    @router.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with either
     async def health():
-        figures = state.figures()
-        if figures is None:
-            state.require_ready()  # raises the 503
-        for counter in ("steps", "tokens", "batch_sizes", "submitted_sequences", "phase_seconds"):  # /metrics has these
-            del figures[counter]
-        status = backend_status(figures["backends"])
-        default = state.default
-        body = {"status": status, "model": default.entry.name, "warmup_variants": default.warmup.variants,
-                "models": {m.entry.name: m.status for m in state.models.models}, **figures}
-        # Every SGLang backend down: this front cannot decode, so a load balancer should skip it.
-        return JSONResponse(body, status_code=503 if status == "unavailable" else 200)
+        return _health(state)
 
-    @app.get("/metrics")
+    @router.get("/metrics")
     async def metrics():
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
-    @app.get("/v1/models")
+    @router.get("/v1/models")
     async def models():
         state.require_ready()
         return {"object": "list", "data": state.models.cards(state.created)}
 
-    @app.get("/v1/models/{model_id:path}")  # :path: hub ids hold a slash (openai/whisper-base)
+    @router.get("/v1/models/{model_id:path}")  # :path: hub ids hold a slash (openai/whisper-base)
     async def model(model_id: str):
         state.require_ready()
         served = state.models.find(model_id)  # 404 model_not_found for a name not served
         return next(card for card in served.card(state.created) if card["id"] == model_id)
 
-    @app.post("/v1/audio/transcriptions")
+    @router.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
         return await handle_transcription(request, state, "transcribe")
 
-    @app.post("/v1/audio/translations")
+    @router.post("/v1/audio/translations")
     async def translations(request: Request):
         return await handle_transcription(request, state, "translate")
 
-    @app.websocket("/v1/realtime")
+    @router.websocket("/v1/realtime")
     async def realtime(ws: WebSocket):
         await realtime_endpoint(ws, state)
 
-    @app.get("/", include_in_schema=False)
+    @router.get("/", include_in_schema=False)
     async def page():
         return FileResponse(PAGE_DIR / "index.html")
 
-    app.mount("/page", StaticFiles(directory=PAGE_DIR), name="page")
+    return router
 
-    return app
+
+def _health(state: ServerState) -> JSONResponse:
+    """503 until ready; then the engine's figures (the counters are /metrics'), and 503 again
+    while every SGLang backend is down: this front cannot decode, so a load balancer should
+    skip it."""
+    figures = state.figures()
+    if figures is None:
+        state.require_ready()  # raises the 503
+    for counter in ("steps", "tokens", "batch_sizes", "submitted_sequences", "phase_seconds"):  # /metrics has these
+        del figures[counter]
+    status = backend_status(figures["backends"])
+    default = state.default
+    body = {"status": status, "model": default.entry.name, "warmup_variants": default.warmup.variants,
+            "models": {m.entry.name: m.status for m in state.models.models}, **figures}
+    return JSONResponse(body, status_code=503 if status == "unavailable" else 200)

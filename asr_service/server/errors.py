@@ -53,7 +53,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
         return OpenAIError(exc.status_code, str(exc.detail), code=str(exc.status_code)).response(
-            headers=getattr(exc, "headers", None))
+            headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):

@@ -22,7 +22,8 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from ..realtime import protocol
 from ..realtime.input_audio import InputAudioDecoder, InputAudioError
 from ..realtime.protocol import OPENAI, VLLM, ProtocolError
-from ..realtime.session import Completed, RealtimeLimits, RealtimeSession, SessionConfig
+from ..realtime.events import Completed
+from ..realtime.session import RealtimeLimits, RealtimeSession, SessionConfig
 from ..request_options import build_options
 from .errors import OpenAIError, clipped
 from .gate import (GRACE_OVER_MESSAGE, POLICY_VIOLATION, SERVICE_RESTART, TRY_AGAIN_LATER, Door, dialect_of,
@@ -96,56 +97,74 @@ class RealtimeConnection:
             log.info("realtime session %s closed", self.session_id)
 
     async def _receive_loop(self, worker: asyncio.Task) -> None:
-        while True:
-            if self.door.grace_over.is_set():  # a shutdown's grace is over: end the session properly
-                self._error(GRACE_OVER_MESSAGE, "shutting_down")
-                self._close_code = SERVICE_RESTART
-                return
-            if time.monotonic() - self._opened > self.limits.max_session_seconds:
-                self._error(f"Session closed: it reached the maximum length of {self.limits.max_session_seconds:g} s; "
-                            "open a new one", "session_expired")
-                return
+        while not self._must_end():
             try:
                 message = await asyncio.wait_for(self.ws.receive(), timeout=RECEIVE_POLL_S)
             except TimeoutError:
-                if worker.done():  # only cancellation ends it normally: say why the session ends
-                    error = worker.exception()
-                    log.error("realtime session %s: worker failed", self.session_id, exc_info=error)
-                    self._error(f"Internal error, session closed: {type(error).__name__}", "internal_error")
-                    return
-                quiet = time.monotonic() - self._last_audio
-                if quiet > self.limits.idle_timeout_s and self.session.idle:
-                    self._error(f"Session closed after {self.limits.idle_timeout_s:g} s without audio from the client",
-                                "idle_timeout")
+                if self._ended_while_quiet(worker):
                     return
                 continue
             except (WebSocketDisconnect, RuntimeError):
                 return
             if message["type"] == "websocket.disconnect":
                 return
-            if message.get("text") is None:
-                self._error("Binary frames are not accepted; send JSON text events (audio as base64 in "
-                            "input_audio_buffer.append)", "invalid_event")
-                continue
-            try:
-                event = json.loads(message["text"])
-            except json.JSONDecodeError as e:
-                self._error(f"Event is not valid JSON: {e}", "invalid_json")
-                continue
-            except RecursionError:  # json's decoder recurses once per nesting level
-                self._error("Event is not valid JSON: nested too deeply", "invalid_json")
-                continue
-            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-                self._error("Event must be a JSON object with a string 'type'", "invalid_event", param="type")
+            event = self._event_in(message)
+            if event is None:
                 continue
             try:
                 await self._handle(event)
             except (ProtocolError, InputAudioError) as e:
-                self._error(str(e), e.code, getattr(e, "param", None), event)
+                self._error(str(e), e.code, e.param, event)
             except Exception as e:  # a bug, not the client's fault: say so, keep the session
                 log.exception("realtime session %s: %s failed", self.session_id, event["type"])
                 self._error(f"Internal error handling {event['type']}: {type(e).__name__}", "internal_error",
                             event=event)
+
+    def _must_end(self) -> bool:
+        """The session ends now (the reason sent): a shutdown's grace is over, or it is too old."""
+        if self.door.grace_over.is_set():  # end the session properly
+            self._error(GRACE_OVER_MESSAGE, "shutting_down")
+            self._close_code = SERVICE_RESTART
+            return True
+        if time.monotonic() - self._opened > self.limits.max_session_seconds:
+            self._error(f"Session closed: it reached the maximum length of {self.limits.max_session_seconds:g} s; "
+                        "open a new one", "session_expired")
+            return True
+        return False
+
+    def _ended_while_quiet(self, worker: asyncio.Task) -> bool:
+        """Nothing came from the client for a poll: the session ends (the reason sent) if its
+        worker failed, or if it has been idle past the limit."""
+        if worker.done():  # only cancellation ends it normally: say why the session ends
+            error = worker.exception()
+            log.error("realtime session %s: worker failed", self.session_id, exc_info=error)
+            self._error(f"Internal error, session closed: {type(error).__name__}", "internal_error")
+            return True
+        quiet = time.monotonic() - self._last_audio
+        if quiet > self.limits.idle_timeout_s and self.session.idle:
+            self._error(f"Session closed after {self.limits.idle_timeout_s:g} s without audio from the client",
+                        "idle_timeout")
+            return True
+        return False
+
+    def _event_in(self, message: dict) -> dict | None:
+        """The client event a frame holds, or None (an error event sent) when it holds none."""
+        if message.get("text") is None:
+            self._error("Binary frames are not accepted; send JSON text events (audio as base64 in "
+                        "input_audio_buffer.append)", "invalid_event")
+            return None
+        try:
+            event = json.loads(message["text"])
+        except json.JSONDecodeError as e:
+            self._error(f"Event is not valid JSON: {e}", "invalid_json")
+            return None
+        except RecursionError:  # json's decoder recurses once per nesting level
+            self._error("Event is not valid JSON: nested too deeply", "invalid_json")
+            return None
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            self._error("Event must be a JSON object with a string 'type'", "invalid_event", param="type")
+            return None
+        return event
 
     async def _handle(self, event: dict) -> None:
         kind = event["type"]

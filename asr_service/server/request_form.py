@@ -111,14 +111,9 @@ def model_named(form: FormData) -> str | None:
     return _text(form, "model")
 
 
-def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task: str,
-                             detection: str = "fused", default_stream_format: str = "openai",
-                             default_beam_size: int = 1) -> TranscriptionRequest:
-    file = form.get("file")
-    if not isinstance(file, UploadFile):
-        raise _bad("file", "A 'file' field with the audio is required (multipart/form-data).",
-                   code="missing_required_parameter")
-
+def _response_format(form: FormData, task: str) -> str:
+    """The response format asked for (json by default); a translation's target, if named, must
+    be English."""
     response_format = _text(form, "response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
         raise _bad("response_format", f"Unsupported response_format {response_format!r}; supported: "
@@ -128,6 +123,18 @@ def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task
         if to_language is not None and to_language.lower() != "en":
             raise _bad("to_language", f"Translations are into English only; to_language {to_language!r} is not "
                                       "supported", code="unsupported_value")
+    return response_format
+
+
+def parse_transcription_form(form: FormData, adapter: TranscriptionAdapter, task: str,
+                             detection: str = "fused", default_stream_format: str = "openai",
+                             default_beam_size: int = 1) -> TranscriptionRequest:
+    file = form.get("file")
+    if not isinstance(file, UploadFile):
+        raise _bad("file", "A 'file' field with the audio is required (multipart/form-data).",
+                   code="missing_required_parameter")
+
+    response_format = _response_format(form, task)
     try:
         stream = OPTION_STREAM.parse(_text(form, "stream") or "false")
         stream_format = _text(form, "stream_format") or default_stream_format

@@ -16,8 +16,10 @@ import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import AsyncGenerator, AsyncIterator
 
+import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette.sse import EventSourceResponse
@@ -25,11 +27,13 @@ from starlette.background import BackgroundTask
 from starlette.datastructures import FormData
 
 from ..audio import AudioError, AudioTooLargeError, InvalidAudioError, decode_audio
-from ..engine.params import DecodeFailed, EngineUnavailable
+from ..diarization.diarizer import Diarizer
 from ..diarization.pipeline import diarizer_for, reference_clips, stream_with_speakers, transcribe_with_speakers
+from ..engine.params import DecodeFailed, EngineUnavailable
 from ..formats import REPORTS_FAILED_DETECTION, render, to_diarized_json, to_json, to_verbose_json
 from ..request_options import OptionError
 from ..streaming import StreamDone, StreamFailed, StreamItem, render_stream
+from ..transcription_types import TranscriptionResult
 from .admission import Overloaded, Ticket
 from .errors import OpenAIError
 from .gate import GRACE_OVER_MESSAGE, Door
@@ -214,15 +218,43 @@ def _busy(state: ServerState, e: Overloaded) -> OpenAIError:
 
 async def handle_transcription(request: Request, state: ServerState, task: str) -> Response:
     state.require_ready()
-    lease: Lease | None = None
+    ticket = _admit(state)
+    work = await _accept(request, state, task, ticket)
+    if work.req.stream:
+        return _stream_response(request, state, work)
+    return await _full_response(request, state, work)
+
+
+@dataclass
+class _Work:
+    """An accepted request, ready to transcribe: until it ends it holds its admission ticket
+    and its lease on the model (``_release`` gives both back)."""
+
+    req: TranscriptionRequest
+    lease: Lease
+    ticket: Ticket
+    deadline: float
+    audio: np.ndarray
+    seconds: float  # the audio billed: the upload's and any speaker references'
+    diarizer: Diarizer | None = None
+    clips: dict[str, np.ndarray] = field(default_factory=dict)  # known speakers' reference audio
+
+
+def _admit(state: ServerState) -> Ticket:
+    """Pending from the upload's first byte (a slow upload is work the server holds), and
+    refused before the costly part when the server is full."""
     try:
-        # Pending from the upload's first byte (a slow upload is work the server holds), and
-        # refused before the costly part when the server is full.
-        ticket = state.admission.admit()
+        return state.admission.admit()
     except Overloaded as e:  # answered at once; the connection drops the body as it arrives
         raise _busy(state, e) from None
+
+
+async def _accept(request: Request, state: ServerState, task: str, ticket: Ticket) -> _Work:
+    """Read the upload, lease its model, check the form and decode the audio, all within the
+    request's deadline; on any failure the ticket and lease are given back."""
     timeout = state.settings.request_timeout_s
     deadline = time.monotonic() + timeout  # the whole request: upload, decoding, transcription
+    lease: Lease | None = None
     try:
         try:
             async with asyncio.timeout(timeout):
@@ -232,68 +264,86 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
                               code="timeout", type="timeout_error") from None
         lease = await _lease_for(form, state, deadline)
         req, data = await _parse_request(form, lease, state, task)
-        runtime = lease.runtime
-        refusal = runtime.transcriber.refusal(req.options)
+        refusal = lease.runtime.transcriber.refusal(req.options)
         if refusal is not None:
             raise OpenAIError(400, f"Not supported by this server's engine: {refusal}", param=refusal.param,
                               code="unsupported_by_engine")
         audio = await _decode(data, state, ticket, deadline)
-        seconds = audio.shape[0] / runtime.adapter.config.sample_rate
+        seconds = audio.shape[0] / lease.runtime.adapter.config.sample_rate
         ticket.claim(seconds)
+        work = _Work(req, lease, ticket, deadline, audio, seconds)
         if req.diarization is not None:
-            try:
-                diarizer = diarizer_for(runtime.transcriber)
-                # Reference audio is work too: it counts toward admission and the request's limits.
-                clips = await reference_clips(req.diarization, state.settings.limits, seconds, ticket.claim, deadline)
-                seconds += sum(clip.shape[0] for clip in clips.values()) / runtime.adapter.config.sample_rate
-            except OptionError as e:
-                raise OpenAIError(400, str(e), param=e.param, code=e.code) from None
-            except AudioError as e:
-                raise OpenAIError(400, str(e), param="known_speaker_references", code=e.code) from None
-            except TimeoutError:
-                raise _timed_out(timeout) from None
+            await _add_speaker_references(work, state)
+        return work
     except Overloaded as e:
         _release(ticket, lease)
         raise _busy(state, e) from None
     except BaseException:
         _release(ticket, lease)
         raise
-    endpoint = request.url.path
-    remaining = max(0.0, deadline - time.monotonic())
-    if req.stream:
-        async def items():
-            try:
-                rendered = render_stream(runtime.transcriber.run(audio, req.options),
-                                         req.response_format not in REPORTS_FAILED_DETECTION)
-                if req.diarization is not None:
-                    rendered = stream_with_speakers(rendered, runtime.transcriber, diarizer, audio, req.diarization,
-                                                    clips)
-                rendered = _until_grace_over(rendered, state.door)
-                async for item in _with_deadline(rendered, remaining, timeout):
-                    if isinstance(item, StreamDone):
-                        state.metrics.redecoded(item.result.redecodes)
-                        if req.options.language is None:
-                            state.metrics.detection(item.result.language)
-                    elif isinstance(item, StreamFailed) and item.code == "language_detection_failed":
-                        state.metrics.detection(None)
-                    yield item
-                state.metrics.audio_seconds.labels(endpoint).inc(seconds)
-            finally:
-                _release(ticket, lease)
 
-        events = (chunk_events(items(), lease.name, req.stream_include_usage, req.stream_continuous_usage_stats)
-                  if req.stream_format == "chunk" else openai_events(items(), req.response_format == "verbose_json", req.with_segments))
-        # The release also runs after the response, for a stream that never started.
-        return EventSourceResponse(events, background=BackgroundTask(_release, ticket, lease))
-    if req.diarization is None:
-        work = runtime.transcriber.transcribe(audio, req.options)
-    else:
-        work = transcribe_with_speakers(runtime.transcriber, diarizer, audio, req.options, req.diarization, clips)
+
+async def _add_speaker_references(work: _Work, state: ServerState) -> None:
+    """The diarizer and the known speakers' reference audio. Reference audio is work too: it
+    counts toward admission and the request's limits."""
+    runtime = work.lease.runtime
     try:
-        async with asyncio.timeout(remaining):
-            result = await _until_disconnected(request, state.door, work)
+        work.diarizer = diarizer_for(runtime.transcriber)
+        work.clips = await reference_clips(work.req.diarization, state.settings.limits, work.seconds,
+                                           work.ticket.claim, work.deadline)
+    except OptionError as e:
+        raise OpenAIError(400, str(e), param=e.param, code=e.code) from None
+    except AudioError as e:
+        raise OpenAIError(400, str(e), param="known_speaker_references", code=e.code) from None
     except TimeoutError:
-        raise _timed_out(timeout) from None
+        raise _timed_out(state.settings.request_timeout_s) from None
+    work.seconds += sum(clip.shape[0] for clip in work.clips.values()) / runtime.adapter.config.sample_rate
+
+
+def _stream_response(request: Request, state: ServerState, work: _Work) -> Response:
+    """The same decode as the full response, its text sent as each window is final."""
+    req, transcriber = work.req, work.lease.runtime.transcriber
+    timeout = state.settings.request_timeout_s
+    remaining = max(0.0, work.deadline - time.monotonic())
+
+    async def items():
+        try:
+            rendered = render_stream(transcriber.run(work.audio, req.options),
+                                     req.response_format not in REPORTS_FAILED_DETECTION)
+            if req.diarization is not None:
+                rendered = stream_with_speakers(rendered, transcriber, work.diarizer, work.audio, req.diarization,
+                                                work.clips)
+            rendered = _until_grace_over(rendered, state.door)
+            async for item in _with_deadline(rendered, remaining, timeout):
+                if isinstance(item, StreamDone):
+                    _count_decode(state, item.result, req)
+                elif isinstance(item, StreamFailed) and item.code == "language_detection_failed":
+                    state.metrics.detection(None)
+                yield item
+            state.metrics.audio_seconds.labels(request.url.path).inc(work.seconds)
+        finally:
+            _release(work.ticket, work.lease)
+
+    events = (chunk_events(items(), work.lease.name, req.stream_include_usage, req.stream_continuous_usage_stats)
+              if req.stream_format == "chunk"
+              else openai_events(items(), req.response_format == "verbose_json", req.with_segments))
+    # The release also runs after the response, for a stream that never started.
+    return EventSourceResponse(events, background=BackgroundTask(_release, work.ticket, work.lease))
+
+
+async def _full_response(request: Request, state: ServerState, work: _Work) -> Response:
+    """The whole decode, then the response in its format (499 if the client left first)."""
+    req, transcriber = work.req, work.lease.runtime.transcriber
+    if req.diarization is None:
+        decode = transcriber.transcribe(work.audio, req.options)
+    else:
+        decode = transcribe_with_speakers(transcriber, work.diarizer, work.audio, req.options, req.diarization,
+                                          work.clips)
+    try:
+        async with asyncio.timeout(max(0.0, work.deadline - time.monotonic())):
+            result = await _until_disconnected(request, state.door, decode)
+    except TimeoutError:
+        raise _timed_out(state.settings.request_timeout_s) from None
     except EngineUnavailable as e:
         raise OpenAIError(503, f"The decoding backend is unavailable: {e}", code="backend_unavailable",
                           headers={"Retry-After": "2"}) from None
@@ -301,14 +351,19 @@ async def handle_transcription(request: Request, state: ServerState, task: str) 
         log.warning("decode failed: %s", e)
         raise OpenAIError(500, f"The decode failed: {e}", code="decode_failed") from None
     finally:
-        _release(ticket, lease)
+        _release(work.ticket, work.lease)
     if result is None:
         return Response(status_code=499)
-    state.metrics.audio_seconds.labels(endpoint).inc(seconds)
+    state.metrics.audio_seconds.labels(request.url.path).inc(work.seconds)
+    _count_decode(state, result, req)
+    return _respond(result, req)
+
+
+def _count_decode(state: ServerState, result: TranscriptionResult, req: TranscriptionRequest) -> None:
+    """A finished decode in the metrics: its redecodes by rule, and its detected language."""
     state.metrics.redecoded(result.redecodes)
     if req.options.language is None:
         state.metrics.detection(result.language)
-    return _respond(result, req)
 
 
 def _release(ticket: Ticket, lease: Lease | None) -> None:

@@ -95,6 +95,13 @@ class SGLangEngine:
                              submitted_sequences=self.submitted_total, cancelled_sequences=self.cancelled_total,
                              tokens=self.tokens_total, backends=self.pool.snapshot())
 
+    @property
+    def carries_prompt_text(self) -> bool:
+        """Only ``input_ids`` carries text before <|startoftranscript|>; before any server is
+        admitted nothing is known, and nothing is refused."""
+        admitted = self.pool.carriers()
+        return not admitted or Carrier.INPUT_IDS in admitted
+
     def refusal(self, params: DecodeParams) -> UnsupportedDecode | None:
         problem = wire.refusal(params)
         if problem is None:
@@ -314,21 +321,7 @@ class SGLangEngine:
             raise BackendFailure(f"{type(e).__name__}: {e}") from None
         except wire.MalformedReply as e:  # not an SGLang reply to this request: the server is at fault
             raise BackendFailure(f"malformed reply: {e}") from None
-        if state.finish is None:
-            raise BackendFailure(f"the stream ended after {len(state.token_ids)} tokens without a finish reason")
-        if len(state.token_ids) < len(forced):
-            raise BackendFailure(f"malformed reply: it finished after {len(state.token_ids)} tokens, before the "
-                                 f"{len(forced)} the constraint forces")
-        kind = state.finish.get("type")
-        if kind == "stop":
-            if state.finish.get("matched") == params.eot_id and result.token_ids[-1:] != [params.eot_id]:
-                result.token_ids.append(params.eot_id)  # the end of text, as the embedded engine reports it
-                result.logprobs.append(0.0)
-                stream.emit(StepEvent(params.eot_id, 0.0))
-            return "stop", None
-        if kind == "length":
-            return "length", None
-        return "error", f"SGLang ended the decode: {state.finish.get('message') or state.finish}"
+        return _finish(state, params, stream, forced)
 
     def _abort(self, backend: Backend, rid: str) -> None:
         """Tell the server to drop ``rid`` now (closing the stream also does, later)."""
@@ -350,3 +343,25 @@ def _probabilities(logprobs: dict[int, float] | None) -> dict[int, float]:
     """Probe probabilities from the first output position. Masked ids (-inf: not allowed there)
     are left out, so a no-speech probability the grammar hid reads as unknown, not as zero."""
     return {t: math.exp(lp) for t, lp in (logprobs or {}).items() if lp > float("-inf")}
+
+
+def _finish(state: wire.StreamState, params: DecodeParams, stream: SequenceStream,
+            forced: tuple[int, ...]) -> tuple[str, str | None]:
+    """How a finished /generate stream ended (the finish reason and an error, if any); the end of
+    text appended where SGLang matched it without returning it, as the embedded engine reports it."""
+    if state.finish is None:
+        raise BackendFailure(f"the stream ended after {len(state.token_ids)} tokens without a finish reason")
+    if len(state.token_ids) < len(forced):
+        raise BackendFailure(f"malformed reply: it finished after {len(state.token_ids)} tokens, before the "
+                             f"{len(forced)} the constraint forces")
+    kind = state.finish.get("type")
+    result = stream.result
+    if kind == "stop":
+        if state.finish.get("matched") == params.eot_id and result.token_ids[-1:] != [params.eot_id]:
+            result.token_ids.append(params.eot_id)
+            result.logprobs.append(0.0)
+            stream.emit(StepEvent(params.eot_id, 0.0))
+        return "stop", None
+    if kind == "length":
+        return "length", None
+    return "error", f"SGLang ended the decode: {state.finish.get('message') or state.finish}"
