@@ -44,14 +44,14 @@ def test_a_dead_end_leaves_nothing_to_return():
 def test_continuations_stay_in_their_parents_rows_where_they_can():
     """Beam i continuing beam i needs no K/V copy: the engine places each continuation in its
     parent's row when that row is free, and the rest in the rows left."""
-    from asr_service.engine.batch_engine import _in_parent_slots
+    from asr_service.engine.beam_step import in_parent_slots
 
     chosen = [(2, 10, -0.1), (0, 11, -0.2), (2, 12, -0.3), (1, 13, -0.4)]  # best first
-    placed = _in_parent_slots(chosen)
+    placed = in_parent_slots(chosen)
     assert sorted(placed) == sorted(chosen)
     assert [p for p, _, _ in placed][:3] == [0, 1, 2]  # parents 0, 1 and 2 keep their rows
     assert placed[3] == (2, 12, -0.3)  # parent 2's second continuation takes the free row
-    assert [p for p, _, _ in _in_parent_slots([(4, 1, 0.0), (3, 2, 0.0)])] == [4, 3]  # past the kept rows: in order
+    assert [p for p, _, _ in in_parent_slots([(4, 1, 0.0), (3, 2, 0.0)])] == [4, 3]  # past the kept rows: in order
 
 
 def test_in_the_forced_prefix_every_beam_takes_the_most_probable_token():
