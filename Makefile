@@ -24,22 +24,22 @@ $(STAMP): $(SERVE_STAMP)
 
 install: $(STAMP)
 
-# tests/test_page.py drives Debian's Chromium through its chromedriver (never a browser
+# tests/server/test_page.py drives Debian's Chromium through its chromedriver (never a browser
 # download). Installed once with apt-get when running as root, as CI does; otherwise that
 # test skips and says why.
 CHROMEDRIVER := /usr/bin/chromedriver
 $(CHROMEDRIVER):
 	@if [ "$$(id -u)" = 0 ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
-	else echo "not root: chromium and chromium-driver not installed, tests/test_page.py will skip"; fi
+	else echo "not root: chromium and chromium-driver not installed, tests/server/test_page.py will skip"; fi
 
-# SGLang's own request code for tests/test_sglang_contract.py: each release in a side folder
+# SGLang's own request code for tests/server/test_sglang_contract.py: each release in a side folder
 # run on this venv's interpreter (support/sglang_env.py), never installed into the venv.
 SGLANG_VERSIONS := 0.5.21 0.5.23
 sglang-envs: $(STAMP)
 	$(BIN)/python -m support.sglang_env .sglang $(SGLANG_VERSIONS)
 
-# tests/test_page.py's accessibility check runs axe-core (the npm package, never committed) in
+# tests/server/test_page.py's accessibility check runs axe-core (the npm package, never committed) in
 # the page: fetched once with the machine's npm into .axe/; without npm that check skips.
 AXE := .axe/node_modules/axe-core/axe.min.js
 $(AXE):
@@ -52,12 +52,12 @@ test: $(STAMP) $(CHROMEDRIVER) $(AXE) speech-tools sglang-envs
 # Longer hostile-input run than CI's: fresh randomness, more cases (FUZZ_EXAMPLES per property).
 FUZZ_EXAMPLES ?= 500
 fuzz: $(STAMP)
-	ASR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ASR_FUZZ_RANDOM=1 $(BIN)/python -m pytest -s tests/test_fuzz.py
+	ASR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ASR_FUZZ_RANDOM=1 $(BIN)/python -m pytest -s tests/slow/test_fuzz.py
 
 # The load test at full length (CI runs a shorter one): LOAD_SECONDS of mixed traffic.
 LOAD_SECONDS ?= 60
 load-test: $(STAMP)
-	ASR_LOAD_SECONDS=$(LOAD_SECONDS) $(BIN)/python -m pytest -s tests/test_load.py
+	ASR_LOAD_SECONDS=$(LOAD_SECONDS) $(BIN)/python -m pytest -s tests/slow/test_load.py
 
 # The main job: the OpenAI-compatible server on 127.0.0.1:8000 with the packaged model.
 serve: $(SERVE_STAMP)

@@ -1,5 +1,5 @@
 """Side environments holding SGLang's own request code, for the contract tests
-(tests/test_sglang_contract.py) and the stand-in server (tests/sglang_standin.py):
+(tests/server/test_sglang_contract.py) and the stand-in server (tests/sglang_standin.py):
 ``python -m support.sglang_env DIR VERSION ...``.
 
 Each release goes into DIR/VERSION with ``pip install --target --no-deps``: the sglang wheel,

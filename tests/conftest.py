@@ -1,11 +1,12 @@
 """Shared fixtures, and the test tiers.
 
-Every test module declares one tier with ``pytestmark``:
+Every test module lives in its tier's folder (tests/unit, tests/model, tests/server, tests/slow)
+and declares that tier with ``pytestmark``:
 - ``unit``: pure code, no model (seconds);
 - ``model``: the real packaged model in this process, loaded once per session (``runtime``);
 - ``server``: real processes on loopback (``start_server``, the CLI, stand-in SGLang servers);
 - ``slow``: long hostile-input and load runs (longer still under ``make fuzz`` / ``make load-test``).
-``make test PYTEST_ARGS="-m unit"`` runs one tier; ``make test`` runs them all.
+``make test PYTEST_ARGS=tests/unit`` runs one tier; ``make test`` runs them all.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ def pytest_collection_modifyitems(items):
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid}: a test module declares exactly one tier of {TIERS} "
                                     f"(pytestmark), found {tiers}")
+        folder = item.path.parent.name
+        if folder != tiers[0]:
+            raise pytest.UsageError(f"{item.nodeid}: a {tiers[0]} test belongs in tests/{tiers[0]}/, not tests/{folder}/")
 
 
 @pytest.fixture(scope="session")

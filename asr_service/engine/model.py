@@ -116,7 +116,7 @@ def _audio_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     six times as long for the few queries of a decode step on an AVX512-BF16 CPU
     (bench/kernel_probes.py), and this is the largest thing a step reads. The products give a
     query the same result whatever the number of audios beside it (each audio's heads are their
-    own products), so a sequence still decodes the same in any batch (tests/test_engine.py
+    own products), so a sequence still decodes the same in any batch (tests/model/test_engine.py
     checks the decode bit for bit)."""
     if k.dtype == torch.bfloat16:
         scores = (q * q.shape[-1] ** -0.5).to(torch.bfloat16) @ k.transpose(-1, -2)

@@ -15,7 +15,7 @@ their bfloat16 products come out (V's bias is added after the attention), which 
 largest cache and what each decode step reads. With the decoder's self-attention written as
 plain products and its cross-attention as bfloat16 products (engine/model.py), a sequence decoded
 this way gets the same log-probabilities bit for bit whatever it is batched with
-(tests/test_engine.py), which float32 BLAS does not give. The encoder runs under bfloat16
+(tests/model/test_engine.py), which float32 BLAS does not give. The encoder runs under bfloat16
 autocast (BatchEngine's encoder_dtype) with its linear and convolution weights stored in
 bfloat16: autocast would round them to exactly those values on every pass, so the output is the
 same bit for bit and the float32 copies are not kept. Their WER is measured in bench/.
@@ -27,7 +27,7 @@ products, sums and outputs stay float32, so it is float32 inference on the same 
 their memory, and the few-row products of decoding, which are bound by reading weights, go
 faster (bench/kernel_probes.py). Like float32 BLAS, fbgemm rounds a row's sums in another order
 for some row counts (its kernels for one and two rows differ from the rest), so a sequence keeps
-its tokens in any batch (tests/test_engine.py), not every last digit. Token lookups, which the
+its tokens in any batch (tests/model/test_engine.py), not every last digit. Token lookups, which the
 packed copy cannot serve, read the checkpoint's float16 rows mapped from its file where the loader
 found them there (Float16TokenRows), so the weights are held in memory once.
 """

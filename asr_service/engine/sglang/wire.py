@@ -1,5 +1,5 @@
 """SGLang's native ``/generate`` wire format for Whisper, as read from SGLang's source (0.5.21-0.5.23)
-and checked with its own request code (tests/test_sglang_contract.py).
+and checked with its own request code (tests/server/test_sglang_contract.py).
 
 How SGLang builds a Whisper decode (``srt/multimodal/processors/whisper.py``): its processor
 makes the decoder prompt itself and replaces the request's ``text`` / ``input_ids`` with it:

@@ -1,6 +1,7 @@
 """Every accepted container decodes (files made here with PyAV); every bad input gets the typed error."""
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -130,7 +131,7 @@ def test_a_long_upload_is_held_about_once_while_it_is_decoded():
     import sys
 
     probe = subprocess.run([sys.executable, "-c", MEMORY_PROBE, "30"], capture_output=True, text=True, timeout=120,
-                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                           cwd=Path(__file__).resolve().parents[2])
     assert probe.returncode == 0, probe.stderr
     samples_bytes, growth = map(int, probe.stdout.split())
     assert samples_bytes == 30 * 60 * 16000 * 4

@@ -34,7 +34,7 @@ CLIENTS = 64
 MAX_PENDING = 8
 HEADER_TIMEOUT = BODY_TIMEOUT = 3.0
 MAX_SECONDS = 1200  # the longest audio a request may decode into: with the pending bound, what bounds memory
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 def rss_mb(pid: int) -> float:

@@ -24,7 +24,7 @@ from support.speakers import SCRIPT, SHORT_TURNS
 from support.textnorm import normalize, spoken
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     if os.environ.get("CI"):  # CI installs them (make test does, as root): their absence is a failure there
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.server
 
 KEY = "sk-page-test-key"
 # axe-core, the accessibility rules engine, fetched by `make test` with npm (Makefile: AXE).
-AXE = Path(__file__).resolve().parent.parent / ".axe/node_modules/axe-core/axe.min.js"
+AXE = Path(__file__).resolve().parents[2] / ".axe/node_modules/axe-core/axe.min.js"
 WCAG_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 
 
