@@ -190,6 +190,9 @@ def _add_server_limits(s: argparse.ArgumentParser, env: EnvironmentFlags) -> Non
             help="seconds an idle connection stays open after a response")
     env.add("--body-timeout", type=float, default=ConnectionLimits.body_timeout_s,
             help="longest pause inside an upload before it gets 408 (s)")
+    env.add("--lingering-time", type=float, default=ConnectionLimits.lingering_time_s,
+            help="after an early answer (401, 413, 429 ...): seconds the rest of a body still coming is read "
+                 "and dropped before the connection closes (nginx's lingering_time)")
     env.add("--shutdown-grace", type=float, default=30.0,
             help="seconds SIGTERM waits for in-flight work before exiting")
     env.add("--log-level", default="info")
@@ -222,7 +225,8 @@ def _server_settings(args):
         admission=AdmissionLimits(args.max_pending_requests, args.max_pending_audio_seconds),
         request_timeout_s=args.request_timeout, api_keys=keys_from(args.api_key),
         connections=ConnectionLimits(max_connections=args.max_connections, header_timeout_s=args.header_timeout,
-                                     keep_alive_s=args.keep_alive_timeout, body_timeout_s=args.body_timeout),
+                                     keep_alive_s=args.keep_alive_timeout, body_timeout_s=args.body_timeout,
+                                     lingering_time_s=args.lingering_time),
     )
 
 

@@ -15,6 +15,7 @@ Needs ``festival``, ``festvox-us-slt-hts``, ``festvox-kallpc16k``, ``festvox-kdl
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import tempfile
@@ -81,14 +82,22 @@ class Utterance:
     end: float
 
 
-def synthesize(command: list[str], text: str, workdir: Path) -> np.ndarray:
-    """``text`` said by a Festival (text2wave) or espeak-ng ``command``: 16 kHz mono, peak 0.5."""
-    out = workdir / "turn.wav"
-    if command[0] == "text2wave":
-        subprocess.run([*command, "-o", str(out)], input=text, text=True, check=True, capture_output=True)
-    else:
-        subprocess.run([*command, "-w", str(out), text], check=True, capture_output=True)
-    audio = decode_audio(out.read_bytes(), AudioLimits())  # PyAV: mono, 16 kHz
+def synthesize(command: list[str], text: str) -> np.ndarray:
+    """``text`` said by a Festival (text2wave) or espeak-ng ``command``: 16 kHz mono, peak 0.5.
+    Both synthesizers are deterministic, so each (voice, text) is synthesized once per process
+    (several workloads say the same turns); every caller gets its own copy."""
+    return _synthesized(tuple(command), text).copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _synthesized(command: tuple[str, ...], text: str) -> np.ndarray:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "turn.wav"
+        if command[0] == "text2wave":
+            subprocess.run([*command, "-o", str(out)], input=text, text=True, check=True, capture_output=True)
+        else:
+            subprocess.run([*command, "-w", str(out), text], check=True, capture_output=True)
+        audio = decode_audio(out.read_bytes(), AudioLimits())  # PyAV: mono, 16 kHz
     peak = float(np.abs(audio).max()) or 1.0
     return (audio / peak * 0.5).astype(np.float32)  # the voices come at very different levels
 
@@ -119,13 +128,12 @@ def _join(turns: list[tuple[str, str]], pauses: list[float], lead_in: float) -> 
     pieces = [np.zeros(int(lead_in * SAMPLE_RATE), dtype=np.float32)]
     position = pieces[0].shape[0]
     truth: list[Utterance] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for (speaker, text), pause in zip(turns, pauses):
-            speech = synthesize(VOICES[speaker], text, Path(tmp))
-            truth.append(Utterance(speaker, text, position / SAMPLE_RATE, (position + speech.shape[0]) / SAMPLE_RATE))
-            gap = np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32)
-            pieces += [speech, gap]
-            position += speech.shape[0] + gap.shape[0]
+    for (speaker, text), pause in zip(turns, pauses):
+        speech = synthesize(VOICES[speaker], text)
+        truth.append(Utterance(speaker, text, position / SAMPLE_RATE, (position + speech.shape[0]) / SAMPLE_RATE))
+        gap = np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32)
+        pieces += [speech, gap]
+        position += speech.shape[0] + gap.shape[0]
     return np.concatenate(pieces), truth
 
 

@@ -14,7 +14,6 @@ is the number of repeats found.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +53,7 @@ def _joined(pieces: list[tuple[str, np.ndarray]], pauses: list[float], lead_in: 
 
 
 def sentence_repeats(voice: str, count: int, pauses: str, seed: int = 7) -> tuple[np.ndarray, list[Utterance]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        speech = synthesize(VOICES[voice], SENTENCE, Path(tmp))
+    speech = synthesize(VOICES[voice], SENTENCE)
     return _joined([(SENTENCE, speech)] * count, _pauses(count, pauses, seed), speaker=voice)
 
 
@@ -72,8 +70,7 @@ def drill(seconds: float = DRILL_SECONDS, seed: int = 1) -> tuple[np.ndarray, li
 
 
 def phrase_across_pauses(count: int = 8, seed: int = 11) -> tuple[np.ndarray, list[Utterance]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        speech = synthesize(VOICES["A"], PHRASE, Path(tmp))
+    speech = synthesize(VOICES["A"], PHRASE)
     pauses = [float(p) for p in np.random.default_rng(seed).uniform(4.0, 7.0, count)]
     return _joined([(PHRASE, speech)] * count, pauses, speaker="A")
 

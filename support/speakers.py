@@ -13,9 +13,7 @@ build_monologue the whole script in one voice.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -103,18 +101,17 @@ def build_monologue(speaker: str = "B", seed: int = 3) -> tuple[np.ndarray, list
 def _join(script: list[tuple[str, str]], seed: int) -> tuple[np.ndarray, list[Turn]]:
     rng = np.random.default_rng(seed)
     pieces, turns, position = [np.zeros(SAMPLE_RATE // 2, dtype=np.float32)], [], SAMPLE_RATE // 2
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, (speaker, text) in enumerate(script):
-            speech = synthesize(VOICES[speaker], text, Path(tmp))
-            spans = _sound_spans(speech)
-            speech = speech[spans[0][0] : spans[-1][1]]
-            turns += [Turn(speaker, (position + s - spans[0][0]) / SAMPLE_RATE, (position + e - spans[0][0]) / SAMPLE_RATE)
-                      for s, e in spans]
-            quick = len(text) < 60 or (i + 1 < len(script) and len(script[i + 1][1]) < 60)
-            pause = rng.uniform(0.2, 0.5) if quick else rng.uniform(0.6, 1.5)
-            gap = np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32)
-            pieces += [speech, gap]
-            position += speech.shape[0] + gap.shape[0]
+    for i, (speaker, text) in enumerate(script):
+        speech = synthesize(VOICES[speaker], text)
+        spans = _sound_spans(speech)
+        speech = speech[spans[0][0] : spans[-1][1]]
+        turns += [Turn(speaker, (position + s - spans[0][0]) / SAMPLE_RATE, (position + e - spans[0][0]) / SAMPLE_RATE)
+                  for s, e in spans]
+        quick = len(text) < 60 or (i + 1 < len(script) and len(script[i + 1][1]) < 60)
+        pause = rng.uniform(0.2, 0.5) if quick else rng.uniform(0.6, 1.5)
+        gap = np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32)
+        pieces += [speech, gap]
+        position += speech.shape[0] + gap.shape[0]
     return np.concatenate(pieces), turns
 
 

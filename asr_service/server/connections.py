@@ -12,7 +12,7 @@ accept, many times a second). Here:
   itself does not fail;
 - a body the server has answered before reading it all (401, 413, 429 ...) is read and dropped
   while it keeps arriving (no pause longer than ``body_timeout_s``), for at most
-  ``DRAIN_SECONDS`` (nginx's lingering close): a client still sending gets to read that answer
+  ``lingering_time_s`` (nginx's lingering close): a client still sending gets to read that answer
   instead of a reset, but cannot keep the connection by sending for ever.
 A body that stalls after its headers is the endpoint's to time out (it knows the request).
 """
@@ -40,7 +40,6 @@ MIN_BACKLOG = 64  # a smaller listen queue overflows under a burst of connects, 
 BASE_RESERVED_FILES = 32  # the listening socket, logs, the model's files while it loads, pipes
 MAX_LINGERING = 64  # refused connections given time to read their answer; past it, closed at once
 LINGER_SECONDS = 1.0  # after a refusal: time for the client to read it before the socket closes
-DRAIN_SECONDS = 30.0  # after an early answer: the longest the rest of the body is read and dropped
 LOG_EVERY_SECONDS = 10.0
 # asyncio accepts up to ``backlog`` sockets per loop iteration (selector_events._accept_connection),
 # and each holds its file while its connection task waits for the next iteration and, refused past
@@ -55,6 +54,7 @@ class ConnectionLimits:
     header_timeout_s: float = 15.0  # from connecting (or the last response) to a request's full headers
     keep_alive_s: float = 5.0  # idle after a response before the connection is closed
     body_timeout_s: float = 30.0  # longest pause inside an upload
+    lingering_time_s: float = 30.0  # after an early answer: the longest the rest of the body is read and dropped
 
 
 def open_files_limit() -> int:
@@ -200,7 +200,7 @@ class GuardedH11Protocol(H11Protocol):
     def _watch(self) -> None:
         """Arm the deadline for what the connection now waits for from its client: a request's
         headers (bytes arriving do not push it back), or the rest of a body already answered
-        (dropped for as long as it keeps coming, up to DRAIN_SECONDS). Disarm it while the
+        (dropped for as long as it keeps coming, up to the lingering time). Disarm it while the
         request is in the app's hands."""
         if self.transport.is_closing():
             return self._disarm()
@@ -220,7 +220,7 @@ class GuardedH11Protocol(H11Protocol):
         if waiting_for == "headers":
             self._deadline = self.loop.call_later(self.guard.limits.header_timeout_s, self._headers_too_slow)
         elif waiting_for == "body":
-            self._deadline = self.loop.call_later(DRAIN_SECONDS, self.transport.close)
+            self._deadline = self.loop.call_later(self.guard.limits.lingering_time_s, self.transport.close)
             self._restart_pause_limit()
 
     def _restart_pause_limit(self) -> None:

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from asr_service.server.connections import DRAIN_SECONDS, LOG_EVERY_SECONDS
+from asr_service.server.connections import LOG_EVERY_SECONDS
 from support.clips import clip_path
 
 pytestmark = pytest.mark.server
@@ -22,13 +22,15 @@ pytestmark = pytest.mark.server
 HEADER_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0
 KEEP_ALIVE = 1.0
+LINGERING_TIME = 8.0  # far enough past a pause's close (BODY_TIMEOUT after it) to tell them apart
 OPEN_FILES = 440  # the server's limit: its cap is then 88 connections
 
 
 @pytest.fixture(scope="module")
 def server(start_server):
     return start_server("--threads", "2", "--header-timeout", str(HEADER_TIMEOUT), "--body-timeout",
-                        str(BODY_TIMEOUT), "--keep-alive-timeout", str(KEEP_ALIVE), open_files=OPEN_FILES)
+                        str(BODY_TIMEOUT), "--keep-alive-timeout", str(KEEP_ALIVE), "--lingering-time", str(LINGERING_TIME),
+                        open_files=OPEN_FILES)
 
 
 def connect(server) -> socket.socket:
@@ -120,7 +122,7 @@ def send_after_an_early_answer(server, pause_after: float | None) -> tuple[bytes
                      b"Content-Type: multipart/form-data; boundary=b\r\n\r\n")
         started, reply, closed = time.monotonic(), b"", False
         sock.settimeout(0.05)
-        while not closed and time.monotonic() - started < DRAIN_SECONDS + 5:
+        while not closed and time.monotonic() - started < LINGERING_TIME + 5:
             try:
                 if pause_after is None or time.monotonic() - started < pause_after:
                     sock.sendall(b"\0" * 65536)
@@ -137,14 +139,14 @@ def send_after_an_early_answer(server, pause_after: float | None) -> tuple[bytes
 
 def test_a_body_sent_after_its_answer_is_dropped_while_it_comes_for_a_bounded_time(server):
     """The client reads the 413 it was sent early; the server drops what follows, closing the
-    connection when the client pauses longer than the body timeout, or after DRAIN_SECONDS of
-    sending."""
-    reply, took = send_after_an_early_answer(server, pause_after=3.0)
+    connection when the client pauses longer than the body timeout, or after the lingering time
+    of sending."""
+    reply, took = send_after_an_early_answer(server, pause_after=1.0)
     assert error_of(reply, 413)["code"] == "file_too_large"
-    assert 3.0 + BODY_TIMEOUT - 0.5 < took < 3.0 + BODY_TIMEOUT + 2, took
+    assert 1.0 + BODY_TIMEOUT - 0.5 < took < 1.0 + BODY_TIMEOUT + 2, took
     reply, took = send_after_an_early_answer(server, pause_after=None)
     assert error_of(reply, 413)["code"] == "file_too_large"
-    assert DRAIN_SECONDS - 1 < took < DRAIN_SECONDS + 3, took
+    assert LINGERING_TIME - 1 < took < LINGERING_TIME + 3, took
 
 
 def test_connections_past_the_cap_are_refused_and_the_server_stays_healthy(server):

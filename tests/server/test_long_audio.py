@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -59,23 +60,29 @@ def server(start_server, dialogue):
     return start_server()
 
 
+def _concurrently(*calls):
+    """The calls' results, the calls sent together: the server batches their windows, as it does
+    for a user's concurrent requests, and each decode is the one it gets alone."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [future.result() for future in [pool.submit(call) for call in calls]]
+
+
 @pytest.fixture(scope="module")
 def transcripts(server, dialogue) -> dict[str, dict]:
-    """Each format's text, scored: words with times for verbose_json, cues for srt and vtt."""
+    """Each format's text, scored: words with times for verbose_json, cues for srt and vtt. The
+    verbose_json decode runs alone: a stream's segments are compared with it float for float."""
     path, truth = dialogue
     audio = path.read_bytes()
-    out = {}
-    for fmt in FORMATS:
-        if fmt == "verbose_json":
-            body = _post(server.url, audio, response_format=fmt, **{"timestamp_granularities[]": ["word", "segment"]}).json()
-            words = [(w["word"], w["start"], w["end"]) for w in body["words"]]
-            out[fmt] = {"text": body["text"], "score": score(truth, body["text"], words), "segments": body["segments"]}
-        elif fmt == "json":
-            text = _post(server.url, audio, response_format=fmt).json()["text"]
-            out[fmt] = {"text": text, "score": score(truth, text)}
-        else:
-            text, cues = subtitles(_post(server.url, audio, response_format=fmt).text)
-            out[fmt] = {"text": text, "score": score(truth, text, cues=cues)}
+    body = _post(server.url, audio, response_format="verbose_json", **{"timestamp_granularities[]": ["word", "segment"]}).json()
+    words = [(w["word"], w["start"], w["end"]) for w in body["words"]]
+    out = {"verbose_json": {"text": body["text"], "score": score(truth, body["text"], words), "body": body}}
+    json_text, *subtitled = _concurrently(lambda: _post(server.url, audio, response_format="json").json()["text"],
+                                          *(lambda fmt=fmt: _post(server.url, audio, response_format=fmt).text
+                                            for fmt in ("srt", "vtt")))
+    out["json"] = {"text": json_text, "score": score(truth, json_text)}
+    for fmt, reply in zip(("srt", "vtt"), subtitled):
+        text, cues = subtitles(reply)
+        out[fmt] = {"text": text, "score": score(truth, text, cues=cues)}
     return out
 
 
@@ -110,7 +117,7 @@ def test_no_words_repeated_at_seams(transcripts, dialogue):
     said = [w for u in dialogue[1] for w in tokens(u.text)]
     heard = tokens(transcripts["verbose_json"]["text"])
     assert _repeats(heard) <= _repeats(said)
-    segments = transcripts["verbose_json"]["segments"]
+    segments = transcripts["verbose_json"]["body"]["segments"]
     assert all(a["end"] <= b["start"] + 0.02 for a, b in zip(segments, segments[1:])), "segments overlap"
 
 
@@ -129,33 +136,40 @@ def _streamed(url: str, audio: bytes, **fields) -> tuple[list[str], dict]:
     return [p["delta"] for p in payloads if p["type"] == "transcript.text.delta"], payloads[-1]
 
 
-def test_a_stream_is_the_full_response_released_early(server, made, transcripts):
+@pytest.fixture(scope="module")
+def monologue(server, made) -> dict[str, dict]:
+    """The monologue's truth, its bytes, and its json and verbose_json responses."""
+    audio = made["monologue"].read_bytes()
+    plain, timed = _concurrently(*(lambda fmt=fmt: _post(server.url, audio, response_format=fmt).json()
+                                   for fmt in ("json", "verbose_json")))
+    return {"truth": read_truth(made["monologue_truth"]), "audio": audio, "json": plain, "verbose_json": timed}
+
+
+def test_a_stream_is_the_full_response_released_early(server, made, transcripts, monologue):
     """Byte for byte: the done event's text is the stream=false text, the deltas add up to it, and
     a verbose_json stream's segments and words are the response's. On the dialogue (pauses, an 8 s
     silence, turns across window seams) and on the monologue (no pause to cut at)."""
     audio = made["clean"].read_bytes()
     deltas, done = _streamed(server.url, audio)
     assert "".join(deltas) == done["text"] == transcripts["json"]["text"]
-    full = _post(server.url, audio, response_format="verbose_json", **{"timestamp_granularities[]": ["word", "segment"]}).json()
+    full = transcripts["verbose_json"]["body"]
     deltas, done = _streamed(server.url, audio, response_format="verbose_json",
                              **{"timestamp_granularities[]": ["word", "segment"]})
     assert "".join(deltas) == done["text"] == full["text"]
     assert done["segments"] == full["segments"] and done["words"] == full["words"]
-    monologue = made["monologue"].read_bytes()
-    deltas, done = _streamed(server.url, monologue, response_format="text")
-    assert "".join(deltas) == done["text"] == _post(server.url, monologue, response_format="text").text.rstrip("\n")
+    deltas, done = _streamed(server.url, monologue["audio"])
+    assert "".join(deltas) == done["text"] == monologue["json"]["text"]
 
 
-def test_speech_without_pauses_loses_nothing_where_windows_cut_it(server, made):
+def test_speech_without_pauses_loses_nothing_where_windows_cut_it(monologue):
     """The monologue: no pause for the windows to end in, so each is cut inside speech and a
     timed decode tends to stop at its last complete segment; the seek decodes the rest. Lost
     speech is speech no segment spans (a misheard sentence is still there: WER is the bench's)."""
-    truth = read_truth(made["monologue_truth"])
-    audio = made["monologue"].read_bytes()
+    truth = monologue["truth"]
     said = [w for u in truth for w in tokens(u.text)]
-    timed = _post(server.url, audio, response_format="verbose_json").json()
+    timed = monologue["verbose_json"]
     assert [u.text for u in truth if _covered(u, timed["segments"]) < 0.8] == []
-    text = _post(server.url, audio, response_format="json").json()["text"]
+    text = monologue["json"]["text"]
     assert score(truth, text)["missing"] == []
     for heard in (timed["text"], text):
         assert _repeats(tokens(heard)) <= _repeats(said), heard

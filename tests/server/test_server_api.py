@@ -2,6 +2,7 @@
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import jiwer
@@ -365,21 +366,25 @@ def test_vllms_sampling_extras_apply(server):
 def test_the_same_request_gets_the_same_answer(server):
     """temperature=0 is deterministic, fallback included: a file of one passage said five times,
     with a log-probability threshold no decode passes (so every window runs the whole sampled
-    fallback and no rule takes its place), gives one answer, run after run."""
+    fallback and no rule takes its place), gives one answer. The two requests run at once, so
+    their samples are drawn side by side: each from its own seeded generator, never a shared one."""
     gap = np.zeros(8000, np.float32)
     passage = np.concatenate([load_clip("en", "quick_brown_fox"), gap, load_clip("en", "counting"), gap,
                               load_clip("en", "hello_world"), gap])
     audio = wav_bytes(np.concatenate([passage] * 5))  # 42.5 s: two windows
-    answers = []
-    for _ in range(2):
+
+    def answer():
         r = post(server, {"response_format": "verbose_json", "log_prob_threshold": "0"},
-                 {"file": ("ten.wav", audio, "audio/wav")})
+                 {"file": ("passages.wav", audio, "audio/wav")})
         assert r.status_code == 200, r.text
         body = r.json()
         # Everything but the float figures (avg_logprob, no_speech_prob): windows batched at other
         # steps round differently in their last digits (seen: 1e-7), never in the tokens chosen here.
-        answers.append((body["text"], body["language"], [
-            (s["start"], s["end"], s["text"], s["tokens"], s["temperature"], s["language"]) for s in body["segments"]]))
+        return (body["text"], body["language"], [
+            (s["start"], s["end"], s["text"], s["tokens"], s["temperature"], s["language"]) for s in body["segments"]])
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = [future.result() for future in [pool.submit(answer), pool.submit(answer)]]
     assert answers[0] == answers[1]
     assert any(s[4] > 0 for s in answers[0][2])  # a sampled retry was kept, seeded
     text = answers[0][0].lower()

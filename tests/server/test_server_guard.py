@@ -203,7 +203,11 @@ def long_speech(seconds: float) -> bytes:
 
 
 def test_work_past_the_bound_gets_429_with_retry_after(server):
-    body = long_speech(20)  # two of these keep the engine busy for several seconds
+    # Three different sentences (one said again and again without a pause would send the decode
+    # through the whole fallback): two of these keep the engine busy for a few seconds.
+    gap = np.zeros(8000, np.float32)
+    body = wav_bytes(np.concatenate([part for name in ("quick_brown_fox", "counting", "hello_world")
+                                     for part in (load_clip("en", name), gap)]))
     results = []
 
     def post_long():
