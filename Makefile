@@ -46,9 +46,11 @@ $(AXE):
 	@if command -v npm >/dev/null; then npm install --no-save --no-audit --no-fund --prefix .axe axe-core@4.14.1 >/dev/null; \
 	else echo "npm not found: the page's accessibility check will skip"; fi
 
-# The modules run on PYTEST_WORKERS workers (pytest-xdist; auto: one per core), each module whole
-# on one worker, so a module's servers start once; PYTEST_WORKERS=0 runs them in this process.
-PYTEST_WORKERS ?= auto
+# The modules run on PYTEST_WORKERS workers (pytest-xdist), each module whole on one worker, so
+# a module's servers start once; PYTEST_WORKERS=0 runs them in this process. One worker per core,
+# at most 4: every worker loads the model and starts its modules' servers, and a container may
+# show more cores than its CPU quota gives it.
+PYTEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP) $(CHROMEDRIVER) $(AXE) speech-tools sglang-envs
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
