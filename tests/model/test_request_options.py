@@ -7,7 +7,8 @@ import pytest
 from starlette.datastructures import FormData, UploadFile
 
 from asr_service.audio import AudioLimits
-from asr_service.cli import _option_values, _reference_file, _server_settings, parse_args
+from asr_service.cli import _option_values, _server_settings, parse_args
+from asr_service.cli_batch import reference_file
 from asr_service.request_options import OPTIONS, DiarizationOptions, OptionError, build_diarization, build_options
 from asr_service.server.errors import OpenAIError
 from asr_service.server.request_form import parse_transcription_form
@@ -83,7 +84,7 @@ def test_diarization_options_mean_the_same_from_the_form_and_the_cli(adapter, tm
     request = parse_transcription_form(FormData(form), adapter, "transcribe")
     args = parse_args(argv, {})
     from_cli = build_diarization(_option_values(args), "transcribe", "verbose_json",
-                                 _reference_file(AudioLimits(args.max_bytes, args.max_seconds)))
+                                 reference_file(AudioLimits(args.max_bytes, args.max_seconds)))
     assert request.diarization == from_cli == DiarizationOptions(
         min_speakers=2, max_speakers=5, known_speakers=tuple(clips.items()))
     assert request.options.timestamps and request.options.word_timestamps  # every word gets its speaker
