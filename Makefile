@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: install sglang-envs test fuzz load-test serve transcribe bench bench-quick bench-long bench-hard bench-stream bench-diarization bench-page bench-realtime speech-tools clean
+.PHONY: install sglang-fetch sglang-envs test test-setup fuzz load-test serve transcribe bench bench-quick bench-long bench-hard bench-stream bench-diarization bench-page bench-realtime speech-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,9 +35,14 @@ $(CHROMEDRIVER):
 
 # SGLang's own request code for tests/server/test_sglang_contract.py: each release in a side folder
 # run on this venv's interpreter (support/sglang_env.py), never installed into the venv.
+# Fetched with pip alone (beside the venv's own install under `make -j`), then checked to import
+# on the finished venv.
 SGLANG_VERSIONS := 0.5.21 0.5.23
-sglang-envs: $(STAMP)
-	$(BIN)/python -m support.sglang_env .sglang $(SGLANG_VERSIONS)
+sglang-fetch: | $(BIN)/python
+	$(BIN)/python -m support.sglang_env install .sglang $(SGLANG_VERSIONS)
+
+sglang-envs: $(STAMP) sglang-fetch
+	$(BIN)/python -m support.sglang_env check .sglang $(SGLANG_VERSIONS)
 
 # tests/server/test_page.py's accessibility check runs axe-core (the npm package, never committed) in
 # the page: fetched once with the machine's npm into .axe/; without npm that check skips.
@@ -50,9 +55,14 @@ $(AXE):
 # a module's servers start once; PYTEST_WORKERS=0 runs them in this process. One worker per core,
 # at most 4: every worker loads the model and starts its modules' servers, and a container may
 # show more cores than its CPU quota gives it.
+# The set-up steps run side by side (-j): pip is mostly one core at a time, and the SGLang
+# folders, axe-core and the Debian packages do not wait for the venv.
 PYTEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
-test: $(STAMP) $(CHROMEDRIVER) $(AXE) speech-tools sglang-envs
+test:
+	$(MAKE) -j4 --output-sync=target test-setup
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+test-setup: $(STAMP) $(CHROMEDRIVER) $(AXE) speech-tools sglang-envs
 
 # Longer hostile-input run than CI's: fresh randomness, more cases (FUZZ_EXAMPLES per property).
 FUZZ_EXAMPLES ?= 500
@@ -101,7 +111,8 @@ bench-realtime: $(BENCH_STAMP) $(CHROMEDRIVER)
 # that need them skip and say why. Scored by support/transcript_score.py (tests and bench-long).
 SPEECH_VOICES := /usr/share/festival/voices/us/cmu_us_slt_arctic_hts /usr/share/festival/voices/english/kal_diphone \
 	/usr/share/festival/voices/english/ked_diphone
-speech-tools:
+# After chromium's apt-get (order-only): two apt-gets cannot run at once.
+speech-tools: | $(CHROMEDRIVER)
 	@command -v espeak-ng >/dev/null && ls -d $(SPEECH_VOICES) >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" = 0 ]; then \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq festival festvox-us-slt-hts \

@@ -1,6 +1,6 @@
 """Side environments holding SGLang's own request code, for the contract tests
 (tests/server/test_sglang_contract.py) and the stand-in server (tests/sglang_standin.py):
-``python -m support.sglang_env DIR VERSION ...``.
+``python -m support.sglang_env install|check DIR VERSION ...``.
 
 Each release goes into DIR/VERSION with ``pip install --target --no-deps``: the sglang wheel,
 the transformers and tokenizers it pins, and the light modules its request classes import.
@@ -9,8 +9,13 @@ They run on this project's own interpreter with that folder first on PYTHONPATH,
 installed into it. Two stand-ins (support/sglang_standins) take the place of what has no build
 for this torch here: torchvision, which SGLang imports only through transformers' image
 processors, and torchaudio, which its audio loader imports and calls only to resample (the
-front sends 16 kHz). A folder is built once: its .complete stamp says it is whole, and for which
-list of packages and stand-ins, so a changed list builds it again.
+front sends 16 kHz).
+
+Two steps, so `make test` can fetch while the venv is still being installed: ``install`` needs
+only pip (each release's pip run side by side: mostly one core unpacking and compiling), and
+``check`` imports SGLang's request code on the finished venv. A folder is built once: its
+.installed and .complete stamps say, for which list of packages and stand-ins, that it was
+fetched and that it imports, so a changed list builds it again.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # What each release pins, of what its request classes import (from its wheel's METADATA).
@@ -38,25 +44,44 @@ STANDINS = Path(__file__).parent / "sglang_standins"
 IMPORT_CHECK = "import sglang.srt.managers.io_struct, sglang.srt.multimodal.processors.whisper"
 
 
-def build(root: Path, version: str) -> Path:
+def install(root: Path, version: str) -> Path:
+    """DIR/VERSION with the release's wheels and the stand-ins, unless already there."""
     target = root / version
-    stamp = target / ".complete"
-    wanted = [f"sglang=={version}", *PINNED[version], *LIGHT]
-    recipe = json.dumps({"packages": wanted, "standins": _standin_files()})
-    if stamp.exists() and stamp.read_text() == recipe:
+    stamp = target / ".installed"
+    if stamp.exists() and stamp.read_text() == _recipe(version):
         return target
     shutil.rmtree(target, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                    *wanted], check=True)
+                    *_packages(version)], check=True)
     for standin in ("torchvision", "torchaudio"):
         shutil.copytree(STANDINS / standin, target / standin)
-    # Whole only if SGLang's request code imports: said here, not as a failing test later.
-    check = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True,
-                           text=True, env={**os.environ, "PYTHONPATH": str(target)})
-    if check.returncode != 0:
-        raise SystemExit(f"SGLang {version} in {target} does not import:\n{check.stderr[-2000:]}")
-    stamp.write_text(recipe)
+    stamp.write_text(_recipe(version))
     return target
+
+
+def check(root: Path, version: str) -> Path:
+    """Whole only if SGLang's request code imports on this venv: said here, not as a failing
+    test later."""
+    target = root / version
+    stamp = target / ".complete"
+    if stamp.exists() and stamp.read_text() == _recipe(version):
+        return target
+    if not (target / ".installed").exists() or (target / ".installed").read_text() != _recipe(version):
+        raise SystemExit(f"SGLang {version} is not installed in {target} for this recipe: run `install` first")
+    result = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(target)})
+    if result.returncode != 0:
+        raise SystemExit(f"SGLang {version} in {target} does not import:\n{result.stderr[-2000:]}")
+    stamp.write_text(_recipe(version))
+    return target
+
+
+def _packages(version: str) -> list[str]:
+    return [f"sglang=={version}", *PINNED[version], *LIGHT]
+
+
+def _recipe(version: str) -> str:
+    return json.dumps({"packages": _packages(version), "standins": _standin_files()})
 
 
 def _standin_files() -> dict[str, str]:
@@ -64,10 +89,16 @@ def _standin_files() -> dict[str, str]:
             for p in sorted(STANDINS.rglob("*.py"))}
 
 
+STEPS = {"install": install, "check": check}
+
+
 def main() -> None:
-    root = Path(sys.argv[1])
-    for version in sys.argv[2:]:
-        print(f"SGLang {version} request code in {build(root, version)}")
+    """``python -m support.sglang_env install|check DIR VERSION ...``"""
+    step, root, versions = STEPS[sys.argv[1]], Path(sys.argv[2]), sys.argv[3:]
+    with ThreadPoolExecutor(max(1, len(versions))) as pool:
+        targets = list(pool.map(lambda version: step(root, version), versions))
+    for version, target in zip(versions, targets):
+        print(f"SGLang {version} request code in {target}: {sys.argv[1]} done")
 
 
 if __name__ == "__main__":

@@ -85,30 +85,37 @@ async def test_a_window_no_temperature_passes_is_decoded_again_in_halves_once(ru
     assert normalize(result.text).split() == [w for n in names for w in normalize(reference("en", n)).split()]
 
 
-async def test_a_repetition_loop_is_decoded_again(runtime):
-    """White noise makes Whisper base loop ("1,5,5,5,..."): the compression ratio catches it
-    and the hotter retries (or the no-speech rule) leave no loop in the output."""
-    noise = (0.05 * np.random.default_rng(0).standard_normal(10 * SR)).astype(np.float32)
-    result, decodes = await _count_decodes(runtime, noise, TranscriptionOptions(seed=1, vad_filter=False))
+LOOPING_NOISE = (0.05 * np.random.default_rng(0).standard_normal(10 * SR)).astype(np.float32)
+LOOPING_OPTIONS = TranscriptionOptions(seed=1, vad_filter=False)
+
+
+@pytest.fixture(scope="module")
+async def looped(runtime):
+    """White noise, on which Whisper base loops ("1,5,5,5,..."), transcribed: (result, decodes)."""
+    return await _count_decodes(runtime, LOOPING_NOISE, LOOPING_OPTIONS)
+
+
+async def test_a_repetition_loop_is_decoded_again(looped):
+    """The compression ratio catches the loop, and the hotter retries (or the no-speech rule)
+    leave no loop in the output."""
+    result, decodes = looped
     assert decodes > 1, result.text
     assert result.segments == [] or max(s.compression_ratio for s in result.segments) <= 2.4
     assert set(result.redecodes) <= {"compression_ratio", "avg_logprob", "unparsed"} and result.redecodes, result.redecodes
 
 
-async def test_a_stream_never_shows_the_loop_its_fallback_replaces(runtime):
+async def test_a_stream_never_shows_the_loop_its_fallback_replaces(runtime, looped):
     """The same noise streamed: the greedy decode loops, and the stream releases only the window's
     final text, which is the full response's, loop-free."""
     from asr_service.fallback import compression_ratio
     from asr_service.streaming import StreamDelta, StreamDone, render_stream
 
-    noise = (0.05 * np.random.default_rng(0).standard_normal(10 * SR)).astype(np.float32)
-    options = TranscriptionOptions(seed=1, vad_filter=False)
     before = runtime.engine.submitted_total
-    items = [item async for item in render_stream(runtime.transcriber.run(noise, options))]
+    items = [item async for item in render_stream(runtime.transcriber.run(LOOPING_NOISE, LOOPING_OPTIONS))]
     assert runtime.engine.submitted_total - before > 1  # the loop was decoded, and caught
     shown = "".join(i.text for i in items if isinstance(i, StreamDelta))
     assert isinstance(items[-1], StreamDone) and items[-1].text == shown
-    assert shown == (await runtime.transcriber.transcribe(noise, options)).text
+    assert shown == looped[0].text
     assert compression_ratio(shown) <= 2.4, shown
 
 
@@ -194,7 +201,7 @@ class _HotRetriesLoop(_Recording):
     white noise greedily, on which Whisper base loops ("1,5,5,5,...") to its token limit: a
     stand-in for a window whose first decode fails and whose hot retries run on and on."""
 
-    NOISE = (0.05 * np.random.default_rng(0).standard_normal(10 * SR)).astype(np.float32)
+    NOISE = LOOPING_NOISE
 
     def __init__(self, engine):
         super().__init__(engine)

@@ -28,6 +28,7 @@ from support.transcript_score import score, subtitles, tokens
 pytestmark = pytest.mark.server
 
 FORMATS = ("json", "verbose_json", "srt", "vtt")
+WORDS_AND_SEGMENTS = {"response_format": "verbose_json", "timestamp_granularities[]": ["word", "segment"]}
 
 
 def _missing_tools() -> list[str]:
@@ -73,7 +74,7 @@ def transcripts(server, dialogue) -> dict[str, dict]:
     verbose_json decode runs alone: a stream's segments are compared with it float for float."""
     path, truth = dialogue
     audio = path.read_bytes()
-    body = _post(server.url, audio, response_format="verbose_json", **{"timestamp_granularities[]": ["word", "segment"]}).json()
+    body = _post(server.url, audio, **WORDS_AND_SEGMENTS).json()
     words = [(w["word"], w["start"], w["end"]) for w in body["words"]]
     out = {"verbose_json": {"text": body["text"], "score": score(truth, body["text"], words), "body": body}}
     json_text, *subtitled = _concurrently(lambda: _post(server.url, audio, response_format="json").json()["text"],
@@ -93,11 +94,12 @@ def test_every_utterance_is_in_every_format(transcripts, dialogue, fmt):
     assert found["first_words_found"] == len(dialogue[1])
 
 
-def test_the_timed_formats_carry_one_transcript(transcripts):
-    # verbose_json, srt and vtt are one decode with timestamps (json's decode has none, and may
-    # word things differently: its completeness is checked above).
-    texts = {fmt: " ".join(tokens(transcripts[fmt]["text"])) for fmt in ("verbose_json", "srt", "vtt")}
+def test_every_format_carries_one_transcript(transcripts):
+    # Every format is one decode with timestamps (request_options.build_options): json holds the
+    # words the subtitles do.
+    texts = {fmt: " ".join(tokens(transcripts[fmt]["text"])) for fmt in FORMATS}
     assert len(set(texts.values())) == 1, texts
+    assert transcripts["json"]["text"] == transcripts["verbose_json"]["text"]
 
 
 @pytest.mark.parametrize("fmt", ["verbose_json", "srt", "vtt"])
@@ -138,27 +140,24 @@ def _streamed(url: str, audio: bytes, **fields) -> tuple[list[str], dict]:
 
 @pytest.fixture(scope="module")
 def monologue(server, made) -> dict[str, dict]:
-    """The monologue's truth, its bytes, and its json and verbose_json responses."""
+    """The monologue's truth, its bytes, and its verbose_json response (decoded alone: its stream
+    is compared with it float for float)."""
     audio = made["monologue"].read_bytes()
-    plain, timed = _concurrently(*(lambda fmt=fmt: _post(server.url, audio, response_format=fmt).json()
-                                   for fmt in ("json", "verbose_json")))
-    return {"truth": read_truth(made["monologue_truth"]), "audio": audio, "json": plain, "verbose_json": timed}
+    return {"truth": read_truth(made["monologue_truth"]), "audio": audio,
+            "verbose_json": _post(server.url, audio, **WORDS_AND_SEGMENTS).json()}
 
 
-def test_a_stream_is_the_full_response_released_early(server, made, transcripts, monologue):
-    """Byte for byte: the done event's text is the stream=false text, the deltas add up to it, and
-    a verbose_json stream's segments and words are the response's. On the dialogue (pauses, an 8 s
-    silence, turns across window seams) and on the monologue (no pause to cut at)."""
-    audio = made["clean"].read_bytes()
-    deltas, done = _streamed(server.url, audio)
-    assert "".join(deltas) == done["text"] == transcripts["json"]["text"]
-    full = transcripts["verbose_json"]["body"]
-    deltas, done = _streamed(server.url, audio, response_format="verbose_json",
-                             **{"timestamp_granularities[]": ["word", "segment"]})
+@pytest.mark.parametrize("talk", ["dialogue", "monologue"])
+def test_a_stream_is_the_full_response_released_early(server, made, transcripts, monologue, talk):
+    """Byte for byte: the deltas add up to the done event's text, which is the stream=false text,
+    and the done event's segments and words are the response's, float for float. On the dialogue
+    (pauses, an 8 s silence, turns across window seams) and on the monologue (no pause to cut at).
+    (json's stream, the same decode, is compared with its response in test_server_api.py.)"""
+    audio, full = {"dialogue": (made["clean"].read_bytes(), transcripts["verbose_json"]["body"]),
+                   "monologue": (monologue["audio"], monologue["verbose_json"])}[talk]
+    deltas, done = _streamed(server.url, audio, **WORDS_AND_SEGMENTS)
     assert "".join(deltas) == done["text"] == full["text"]
     assert done["segments"] == full["segments"] and done["words"] == full["words"]
-    deltas, done = _streamed(server.url, monologue["audio"])
-    assert "".join(deltas) == done["text"] == monologue["json"]["text"]
 
 
 def test_speech_without_pauses_loses_nothing_where_windows_cut_it(monologue):
@@ -169,10 +168,8 @@ def test_speech_without_pauses_loses_nothing_where_windows_cut_it(monologue):
     said = [w for u in truth for w in tokens(u.text)]
     timed = monologue["verbose_json"]
     assert [u.text for u in truth if _covered(u, timed["segments"]) < 0.8] == []
-    text = monologue["json"]["text"]
-    assert score(truth, text)["missing"] == []
-    for heard in (timed["text"], text):
-        assert _repeats(tokens(heard)) <= _repeats(said), heard
+    assert score(truth, timed["text"])["missing"] == []
+    assert _repeats(tokens(timed["text"])) <= _repeats(said), timed["text"]
 
 
 async def test_a_slow_conversation_shares_windows_and_keeps_every_word_in_its_place(server, made, runtime):
@@ -184,8 +181,7 @@ async def test_a_slow_conversation_shares_windows_and_keeps_every_word_in_its_pl
     windows = await (await runtime.transcriber.plan(audio, TranscriptionOptions(timestamps=True))).all_windows()
     assert len(windows) <= len(truth) // 3, [(w.start, w.end) for w in windows]
     assert sum(len(w.joins) for w in windows) >= len(truth) // 2
-    body = _post(server.url, made["slow"].read_bytes(), response_format="verbose_json",
-                 **{"timestamp_granularities[]": ["word", "segment"]}).json()
+    body = _post(server.url, made["slow"].read_bytes(), **WORDS_AND_SEGMENTS).json()
     found = score(truth, body["text"], [(w["word"], w["start"], w["end"]) for w in body["words"]])
     assert found["missing"] == [], found
     assert found["words_in_silence"] == 0, found
