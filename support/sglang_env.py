@@ -51,8 +51,11 @@ def install(root: Path, version: str) -> Path:
     if stamp.exists() and stamp.read_text() == _recipe(version):
         return target
     shutil.rmtree(target, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                    *_packages(version)], check=True)
+    # Compiled by compileall on every core rather than by pip on one (the Makefile's reason); a
+    # file that is not this Python's syntax stays uncompiled, as pip leaves it.
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target",
+                    str(target), *_packages(version)], check=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j0", str(target)], stdout=subprocess.DEVNULL)
     for standin in ("torchvision", "torchaudio"):
         shutil.copytree(STANDINS / standin, target / standin)
     stamp.write_text(_recipe(version))
