@@ -63,9 +63,9 @@ $(AXE):
 # a module's servers start once; PYTEST_WORKERS=0 runs them in this process. One worker per core,
 # at most 4: every worker loads the model and starts its modules' servers, and a container may
 # show more cores than its CPU quota gives it.
+PYTEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 # The set-up steps run side by side (-j): pip is mostly one core at a time, and the SGLang
 # folders, axe-core and the Debian packages do not wait for the venv.
-PYTEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test:
 	$(MAKE) -j4 --output-sync=target test-setup
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

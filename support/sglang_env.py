@@ -12,8 +12,8 @@ processors, and torchaudio, which its audio loader imports and calls only to res
 front sends 16 kHz).
 
 Two steps, so `make test` can fetch while the venv is still being installed: ``install`` needs
-only pip (each release's pip run side by side: mostly one core unpacking and compiling), and
-``check`` imports SGLang's request code on the finished venv. A folder is built once: its
+only pip (the releases side by side: each pip run is mostly one core unpacking), and ``check``
+imports SGLang's request code on the finished venv. A folder is built once: its
 .installed and .complete stamps say, for which list of packages and stand-ins, that it was
 fetched and that it imports, so a changed list builds it again.
 """
@@ -97,6 +97,8 @@ STEPS = {"install": install, "check": check}
 
 def main() -> None:
     """``python -m support.sglang_env install|check DIR VERSION ...``"""
+    if len(sys.argv) < 3 or sys.argv[1] not in STEPS:
+        raise SystemExit("usage: python -m support.sglang_env install|check DIR VERSION ...")
     step, root, versions = STEPS[sys.argv[1]], Path(sys.argv[2]), sys.argv[3:]
     with ThreadPoolExecutor(max(1, len(versions))) as pool:
         targets = list(pool.map(lambda version: step(root, version), versions))
