@@ -47,8 +47,7 @@ IMPORT_CHECK = "import sglang.srt.managers.io_struct, sglang.srt.multimodal.proc
 def install(root: Path, version: str) -> Path:
     """DIR/VERSION with the release's wheels and the stand-ins, unless already there."""
     target = root / version
-    stamp = target / ".installed"
-    if stamp.exists() and stamp.read_text() == _recipe(version):
+    if _stamped(target / ".installed", version):
         return target
     shutil.rmtree(target, ignore_errors=True)
     # Compiled by compileall on every core rather than by pip on one (the Makefile's reason); a
@@ -58,7 +57,7 @@ def install(root: Path, version: str) -> Path:
     subprocess.run([sys.executable, "-m", "compileall", "-q", "-j0", str(target)], stdout=subprocess.DEVNULL)
     for standin in ("torchvision", "torchaudio"):
         shutil.copytree(STANDINS / standin, target / standin)
-    stamp.write_text(_recipe(version))
+    (target / ".installed").write_text(_recipe(version))
     return target
 
 
@@ -66,17 +65,21 @@ def check(root: Path, version: str) -> Path:
     """Whole only if SGLang's request code imports on this venv: said here, not as a failing
     test later."""
     target = root / version
-    stamp = target / ".complete"
-    if stamp.exists() and stamp.read_text() == _recipe(version):
+    if _stamped(target / ".complete", version):
         return target
-    if not (target / ".installed").exists() or (target / ".installed").read_text() != _recipe(version):
+    if not _stamped(target / ".installed", version):
         raise SystemExit(f"SGLang {version} is not installed in {target} for this recipe: run `install` first")
     result = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True,
                             text=True, env={**os.environ, "PYTHONPATH": str(target)})
     if result.returncode != 0:
         raise SystemExit(f"SGLang {version} in {target} does not import:\n{result.stderr[-2000:]}")
-    stamp.write_text(_recipe(version))
+    (target / ".complete").write_text(_recipe(version))
     return target
+
+
+def _stamped(stamp: Path, version: str) -> bool:
+    """Whether ``stamp`` was written for this version's current recipe."""
+    return stamp.exists() and stamp.read_text() == _recipe(version)
 
 
 def _packages(version: str) -> list[str]:
