@@ -70,17 +70,18 @@ def _concurrently(*calls):
 
 @pytest.fixture(scope="module")
 def transcripts(server, dialogue) -> dict[str, dict]:
-    """Each format's text, scored: words with times for verbose_json, cues for srt and vtt. The
-    verbose_json decode runs alone: a stream's segments are compared with it float for float."""
+    """Each format's text, scored: words with times for verbose_json, cues for srt and vtt; and
+    json's stream (deltas, done event). The verbose_json decode runs alone: a stream's segments
+    are compared with it float for float. The others, text alone, are sent together."""
     path, truth = dialogue
     audio = path.read_bytes()
     body = _post(server.url, audio, **WORDS_AND_SEGMENTS).json()
     words = [(w["word"], w["start"], w["end"]) for w in body["words"]]
     out = {"verbose_json": {"text": body["text"], "score": score(truth, body["text"], words), "body": body}}
-    json_text, *subtitled = _concurrently(lambda: _post(server.url, audio, response_format="json").json()["text"],
-                                          *(lambda fmt=fmt: _post(server.url, audio, response_format=fmt).text
-                                            for fmt in ("srt", "vtt")))
-    out["json"] = {"text": json_text, "score": score(truth, json_text)}
+    json_text, json_stream, *subtitled = _concurrently(
+        lambda: _post(server.url, audio, response_format="json").json()["text"], lambda: _streamed(server.url, audio),
+        *(lambda fmt=fmt: _post(server.url, audio, response_format=fmt).text for fmt in ("srt", "vtt")))
+    out["json"] = {"text": json_text, "score": score(truth, json_text), "stream": json_stream}
     for fmt, reply in zip(("srt", "vtt"), subtitled):
         text, cues = subtitles(reply)
         out[fmt] = {"text": text, "score": score(truth, text, cues=cues)}
@@ -151,13 +152,19 @@ def monologue(server, made) -> dict[str, dict]:
 def test_a_stream_is_the_full_response_released_early(server, made, transcripts, monologue, talk):
     """Byte for byte: the deltas add up to the done event's text, which is the stream=false text,
     and the done event's segments and words are the response's, float for float. On the dialogue
-    (pauses, an 8 s silence, turns across window seams) and on the monologue (no pause to cut at).
-    (json's stream, the same decode, is compared with its response in test_server_api.py.)"""
+    (pauses, an 8 s silence, turns across window seams) and on the monologue (no pause to cut at)."""
     audio, full = {"dialogue": (made["clean"].read_bytes(), transcripts["verbose_json"]["body"]),
                    "monologue": (monologue["audio"], monologue["verbose_json"])}[talk]
     deltas, done = _streamed(server.url, audio, **WORDS_AND_SEGMENTS)
     assert "".join(deltas) == done["text"] == full["text"]
     assert done["segments"] == full["segments"] and done["words"] == full["words"]
+
+
+def test_a_json_stream_is_its_response_released_early(transcripts):
+    """The dialogue as json, streamed: the deltas add up to the done event's text, which is the
+    stream=false json text byte for byte."""
+    deltas, done = transcripts["json"]["stream"]
+    assert "".join(deltas) == done["text"] == transcripts["json"]["text"]
 
 
 def test_speech_without_pauses_loses_nothing_where_windows_cut_it(monologue):
