@@ -116,10 +116,15 @@ class TranscriptionAdapter(ABC):
         forced prefix is there (0 when the prompt already holds it)."""
 
     @abstractmethod
-    def draft_ids(self, params: DecodeParams, task: str, language: str, text_tokens: list[int]) -> tuple[int, ...]:
-        """The tokens a decode under ``params`` generates if it says ``text_tokens`` in
-        ``language`` (engine DecodeParams.draft_ids): the prefix it generates, then the text.
-        Empty where the adapter cannot tell them without more (a timed decode's timestamps)."""
+    def draft_body(self, params: DecodeParams, token_ids: list[int]) -> tuple[int, ...]:
+        """What a decode under ``params`` generated after its prefix, without its end of text:
+        its text, and in a timed decode its timestamps (the first one included)."""
+
+    @abstractmethod
+    def draft_ids(self, params: DecodeParams, task: str, language: str, body: list[int]) -> tuple[int, ...]:
+        """The tokens a decode under ``params`` generates if it says ``body`` (draft_body's, from
+        a decode in the same mode) in ``language`` (engine DecodeParams.draft_ids): the prefix
+        it generates, then the body."""
 
     @abstractmethod
     def tokens_before_text(self, params: DecodeParams) -> int:

@@ -68,6 +68,11 @@ class DecodeParams:
     # engine that does not check drafts decodes as if there were none.
     draft_ids: tuple[int, ...] = ()
 
+    @property
+    def timed(self) -> bool:
+        """Whether the decode writes timestamps (Whisper's timestamp rules apply)."""
+        return self.timestamp_begin is not None
+
 
 @dataclass(frozen=True)
 class CanaryDecode:

@@ -238,14 +238,19 @@ class WhisperAdapter(TranscriptionAdapter):
     def forced_prefix_tokens(self, params: DecodeParams) -> int:
         return 0 if self._prefix_in_prompt(params) else 3
 
-    def draft_ids(self, params: DecodeParams, task: str, language: str, text_tokens: list[int]) -> tuple[int, ...]:
-        if params.timestamp_begin is not None:
-            return ()
+    def draft_body(self, params: DecodeParams, token_ids: list[int]) -> tuple[int, ...]:
+        # A generated prefix is the language and the task, then the mode token: <|notimestamps|>,
+        # or a timed decode's opening timestamp, which belongs to its body.
+        body = list(token_ids[0 if self._prefix_in_prompt(params) else 2 if params.timed else 3:])
+        return tuple(body[:-1] if body and body[-1] == self.tok.eot else body)
+
+    def draft_ids(self, params: DecodeParams, task: str, language: str, body: list[int]) -> tuple[int, ...]:
         if self._prefix_in_prompt(params):
-            return tuple(text_tokens)
+            return tuple(body)
         tok = self.tok
         task_id = tok.transcribe if task == "transcribe" else tok.translate
-        return (tok.language_ids[language], task_id, tok.no_timestamps, *text_tokens)
+        mode = () if params.timed else (tok.no_timestamps,)
+        return (tok.language_ids[language], task_id, *mode, *body)
 
     def tokens_before_text(self, params: DecodeParams) -> int:
         # The fused prefix ends with the mode token (<|notimestamps|> or the opening timestamp);

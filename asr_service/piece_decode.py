@@ -56,9 +56,8 @@ def decode_params(adapter: TranscriptionAdapter, options: TranscriptionOptions, 
         changes["alignment_heads"] = adapter.alignment_heads
     if options.beam_size > 1 and options.temperature == 0:
         changes.update(beam_size=options.beam_size, length_penalty=options.length_penalty)
-    elif options.draft is not None and options.temperature == 0:
-        changes["draft_ids"] = adapter.draft_ids(params, options.task, options.draft.language,
-                                                 list(options.draft.text_tokens))
+    elif options.draft is not None and options.temperature == 0 and options.draft.timed == params.timed:
+        changes["draft_ids"] = adapter.draft_ids(params, options.task, options.draft.language, list(options.draft.tokens))
     return replace(params, **changes)
 
 

@@ -40,11 +40,11 @@ from .engine.params import Priority, UnsupportedDecode
 from .fallback import compression_ratio
 from .language_vote import is_outlier, vote
 from .speech_gate import SpeechGate, SpeechScan
-from .transcription_types import (ChunkDone, Finished, PipelineEvent, Segment, TokenLogprob, TranscriptionOptions,
-                                  TranscriptionResult)
+from .transcription_types import (ChunkDone, Draft, Finished, PipelineEvent, Segment, TokenLogprob,
+                                  TranscriptionOptions, TranscriptionResult)
 from .piece_decode import DecodeParts, decode_params
 from .window_decode import WindowDecode
-from .window_outcome import TextJoin, WindowOutcome, token_logprobs
+from .window_outcome import ChunkOutcome, TextJoin, WindowOutcome, token_logprobs
 from .word_timing import Word, snap_to_speech_onsets
 
 # faster-whisper's rule: context decoded this hot is too unreliable to condition the next chunk.
@@ -360,7 +360,19 @@ class Transcriber:
             finish_reason="length" if any(o.result.finish_reason == "length" for o in outcomes) else "stop",
             logprobs=logprobs if options.token_logprobs else None,
             redecodes=dict(collections.Counter(rule for window in windows for rule in window.redecodes)),
+            draft=self._draft(outcomes),
         )
+
+    def _draft(self, outcomes: list[ChunkOutcome]) -> Draft | None:
+        """What a decode of this audio grown longer may check (TranscriptionOptions.draft): the
+        generated tokens of the audio's one piece, where it was a greedy decode that parsed."""
+        if len(outcomes) != 1:
+            return None
+        [piece] = outcomes
+        params, parsed = piece.params, piece.parsed
+        if params is None or piece.silent or parsed.failure is not None or params.beam_size > 1 or params.temperature:
+            return None
+        return Draft(parsed.language, params.timed, self.adapter.draft_body(params, piece.result.token_ids))
 
 
 def _retrieve(task: asyncio.Future) -> None:

@@ -62,10 +62,13 @@ class TranscriptionOptions:
 
 @dataclass(frozen=True)
 class Draft:
-    """A decode's language and text tokens, offered to the next decode of the same audio."""
+    """What a greedy decode of some audio generated after its prefix (its text, and in a timed
+    decode its timestamps: adapters' draft_body), offered to the next decode of the same audio
+    grown longer, in the same mode (``timed``)."""
 
     language: str
-    text_tokens: tuple[int, ...]
+    timed: bool
+    tokens: tuple[int, ...]
 
 
 @dataclass
@@ -115,6 +118,9 @@ class TranscriptionResult:
     # Times part of a window was decoded again, by the rule that asked for it (fallback.py's,
     # window_decode.py's, transcription.LANGUAGE_OUTLIER): /metrics counts them.
     redecodes: dict[str, int] = field(default_factory=dict)
+    # Where the audio was decoded as one greedy piece: what it generated, for a realtime preview
+    # of the same audio grown longer to check in one pass (TranscriptionOptions.draft).
+    draft: Draft | None = None
 
 
 # ---- what a run yields ----

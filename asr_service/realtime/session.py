@@ -346,8 +346,7 @@ class RealtimeSession:
                           fallback_temperatures=(), max_new_tokens=budget, name_language_of_silence=False,
                           audio_sized_encoder=self.transcriber.engine.audio_sized_encoder, draft=utterance.draft)
         result = await self.transcriber.transcribe(audio, options, live_since=utterance.shown_at)
-        utterance.draft = (Draft(result.language, tuple(t for s in result.segments for t in s.tokens))
-                           if result.language is not None and result.segments else None)
+        utterance.draft = result.draft
         if result.detection_failure is not None:
             text = ""
         elif result.finish_reason == "length":  # cut by the budget: looping

@@ -127,14 +127,17 @@ async def test_an_audio_sized_encoding_hears_the_words_and_never_stands_in_for_t
     assert again.token_ids == whole.token_ids
 
 
+@pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
 @pytest.mark.parametrize("draft", ["its own tokens", "one token wrong", "the adapter's from the text"])
-async def test_a_greedy_decode_with_a_draft_gives_its_own_tokens_in_fewer_steps(runtime, draft):
+async def test_a_greedy_decode_with_a_draft_gives_its_own_tokens_in_fewer_steps(runtime, draft, timed):
     """A draft (a realtime preview's last decode) is checked in one pass as the decode is
     admitted: right, the decode needs no step of its own; wrong from some token on, it takes the
-    draft up to there, and its tokens are the ones it gives without a draft."""
+    draft up to there, and its tokens are the ones it gives without a draft. The adapter builds
+    the draft from what a decode generated after its prefix (text, and a timed decode's
+    timestamps), for a decode with its language given as for a detecting one."""
     adapter, engine = runtime.adapter, runtime.engine
     clip = load_clip("en", "quick_brown_fox")
-    params = adapter.build_fused_autodetect_params()
+    params = adapter.build_fused_autodetect_params(timestamps=timed)
     steps = engine.steps
     plain = await engine.submit(clip, params).collect()
     plain_steps = engine.steps - steps
@@ -142,9 +145,13 @@ async def test_a_greedy_decode_with_a_draft_gives_its_own_tokens_in_fewer_steps(
     if draft == "one token wrong":
         tokens[6] = tokens[7]
     elif draft == "the adapter's from the text":
-        text = tokens[3:-1]  # after <|en|><|transcribe|><|notimestamps|>, before the end of text
-        tokens = list(adapter.draft_ids(params, "transcribe", "en", text))
+        body = list(adapter.draft_body(params, plain.token_ids))
+        # After <|en|><|transcribe|> and (untimed) <|notimestamps|>, before the end of text.
+        assert body == plain.token_ids[2 if timed else 3:-1]
+        tokens = list(adapter.draft_ids(params, "transcribe", "en", body))
         assert tokens == plain.token_ids[:-1]
+        given = adapter.build_prompt("en", timestamps=timed)
+        assert adapter.draft_ids(given, "transcribe", "en", body) == tuple(body)
     steps = engine.steps
     drafted = await engine.submit(clip, replace(params, draft_ids=tuple(tokens))).collect()
     drafted_steps = engine.steps - steps

@@ -162,7 +162,7 @@ class TwoLanguages(TranscriptionAdapter):
         raise NotImplementedError("the protocol tests only check languages")
 
     build_prompt = parse_fused_output = parse_output = forced_prefix_tokens = _not_here
-    tokens_before_text = draft_ids = decode_text = strip_special_tokens = _not_here
+    tokens_before_text = draft_body = draft_ids = decode_text = strip_special_tokens = _not_here
 
 
 validate = TwoLanguages()

@@ -132,3 +132,40 @@ async def test_the_final_text_is_the_file_decode_even_where_the_preview_was_wron
     assert deltas.startswith("Howdy,")  # the preview went out as it was heard
     assert done.text == (await runtime.transcriber.transcribe(clip, file_decode(runtime))).text
     assert normalize(done.text).startswith("the quick brown fox") and "10" in normalize(done.text).split()
+
+
+class _CountingPreviewSteps:
+    """The real transcriber, recording for each preview (a partial decode: it has a token
+    budget) the draft it was given, the engine steps it took and what it generated (the draft
+    it leaves for the next)."""
+
+    def __init__(self, transcriber):
+        self.adapter, self.gate, self.engine, self._real = transcriber.adapter, transcriber.gate, transcriber.engine, transcriber
+        self.previews = []
+
+    async def transcribe(self, audio, options, live_since):
+        steps = self.engine.steps
+        result = await self._real.transcribe(audio, options, live_since=live_since)
+        if options.max_new_tokens is not None:
+            self.previews.append((options.draft, self.engine.steps - steps, result.draft))
+        return result
+
+
+def _shared(a: tuple, b: tuple) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+async def test_a_preview_checks_the_last_previews_tokens_in_one_pass(runtime):
+    """Each preview after the first is given what the last one generated (text and timestamps)
+    as a draft, and does not step through what it says again: it steps only from the first
+    token it says otherwise (at the latest the last one's closing timestamp), plus its prefix."""
+    clip = np.concatenate([load_clip("en", "counting"), load_clip("en", "quick_brown_fox")])
+    counting = _CountingPreviewSteps(runtime.transcriber)
+    # Half a second at a time with pauses, and no turn detection: one decode runs at a time.
+    await run_session(runtime, clip, SessionConfig(), commit=True, transcriber=counting, frame=8000, pause_s=0.6)
+    assert all(draft is None or draft.timed for draft, _, _ in counting.previews)  # previews decode as files do
+    checked = [(steps, len(made.tokens), _shared(draft.tokens, made.tokens)) for draft, steps, made in counting.previews
+               if draft is not None and made is not None and _shared(draft.tokens, made.tokens) >= 5]
+    assert len(checked) >= 2, counting.previews
+    for steps, made, shared in checked:
+        assert steps <= made - shared + 4, (steps, made, shared)
