@@ -27,7 +27,8 @@ from support.transcript_score import normalize
 
 from .long_audio import faster_whisper_model, faster_whisper_rows, service_rows
 
-COLUMNS = ["wer", "utterances_found", "utterances", "words_in_silence", "thin_segments", "seconds", "redecodes"]
+COLUMNS = ["wer", "wer_compounds", "utterances_found", "utterances", "words_in_silence", "thin_segments", "seconds",
+           "redecodes"]
 
 
 def words(text: str) -> list[str]:

@@ -173,8 +173,8 @@ def main() -> None:
     finally:
         server.stop()
     args.out.write_text(json.dumps(report, indent=1))
-    columns = ["wer", "first_words_found", "utterances_found", "onset_median_s", "onset_p90_s", "words_in_silence",
-               "thin_segments", "seconds"]
+    columns = ["wer", "wer_compounds", "first_words_found", "utterances_found", "onset_median_s", "onset_p90_s",
+               "words_in_silence", "thin_segments", "seconds"]
     for name, rows in report["rows"].items():
         about = report["files"][name]
         print(f"\n{name}: {about['seconds']:.0f} s, {about['utterances']} utterances, "

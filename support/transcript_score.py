@@ -3,6 +3,10 @@
 One alignment of the whole file, after Whisper's own English normaliser (the
 ``whisper-normalizer`` package), so number spellings and punctuation do not count:
 - ``wer``: word error rate over the whole file;
+- ``wer_compounds``: the same where a compound written as one word on one side and as two on
+  the other ("Northgate" and "north gate", "everyone" and "every one") counts as one word on
+  both: a spacing the listener cannot hear, as NIST's scoring maps such forms with its GLM
+  files. Whisper's normaliser leaves them apart;
 - ``first_words_found`` / ``utterances_found``: utterances whose first word is in the output, and
   those with at least half their words in it;
 - ``onset_median_s`` / ``onset_p90_s``: |start of the output word matched to an utterance's first
@@ -41,6 +45,27 @@ def _silences(truth: list[Utterance]) -> list[tuple[float, float]]:
     return [(s + SILENCE_MARGIN_S, e - SILENCE_MARGIN_S) for s, e in edges if e - s >= SILENCE_MIN_S]
 
 
+def _closed_compounds(ref: list[str], hyp: list[str]) -> tuple[list[str], list[str]]:
+    """``ref`` and ``hyp`` with each pair of neighbouring words that the other side (or the same
+    side elsewhere) writes as one word joined into that word."""
+    words = set(ref) | set(hyp)
+    closed = {a + b for side in (ref, hyp) for a, b in zip(side, side[1:]) if a + b in words}
+
+    def join(side: list[str]) -> list[str]:
+        out: list[str] = []
+        i = 0
+        while i < len(side):
+            if i + 1 < len(side) and side[i] + side[i + 1] in closed:
+                out.append(side[i] + side[i + 1])
+                i += 2
+            else:
+                out.append(side[i])
+                i += 1
+        return out
+
+    return join(ref), join(hyp)
+
+
 def _matches(ref: list[str], hyp: list[str]) -> dict[int, int]:
     """ref index -> hyp index for the words the alignment calls equal."""
     if not ref or not hyp:
@@ -67,7 +92,9 @@ def score(truth: list[Utterance], text: str, timed: list[tuple[str, float, float
     matched = _matches(ref, hyp)
     firsts = {i: owner.index(i) for i in range(len(truth))}
     per_utterance = [sum(1 for r in matched if owner[r] == i) / max(1, owner.count(i)) for i in range(len(truth))]
+    closed_ref, closed_hyp = _closed_compounds(ref, hyp)
     row = {"wer": round(jiwer.wer(" ".join(ref), " ".join(hyp)), 4) if hyp else 1.0,
+           "wer_compounds": round(jiwer.wer(" ".join(closed_ref), " ".join(closed_hyp)), 4) if hyp else 1.0,
            "first_words_found": sum(firsts[i] in matched for i in range(len(truth))),
            "utterances_found": sum(r >= 0.5 for r in per_utterance), "utterances": len(truth),
            "missing": [u.text for u, r in zip(truth, per_utterance) if r < 0.5]}
