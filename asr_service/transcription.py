@@ -365,12 +365,15 @@ class Transcriber:
 
     def _draft(self, outcomes: list[ChunkOutcome]) -> Draft | None:
         """What a decode of this audio grown longer may check (TranscriptionOptions.draft): the
-        generated tokens of the audio's one piece, where it was a greedy decode that parsed."""
+        generated tokens of the audio's one piece, where it was a greedy decode that parsed, in a
+        language it names."""
         if len(outcomes) != 1:
             return None
         [piece] = outcomes
         params, parsed = piece.params, piece.parsed
-        if params is None or piece.silent or parsed.failure is not None or params.beam_size > 1 or params.temperature:
+        if params is None or piece.silent or parsed.failure is not None or parsed.language is None:
+            return None
+        if params.beam_size > 1 or params.temperature:
             return None
         return Draft(parsed.language, params.timed, self.adapter.draft_body(params, piece.result.token_ids))
 
