@@ -257,7 +257,7 @@ class WhisperAdapter(TranscriptionAdapter):
         # with the prefix in the prompt, a timed decode still generates its opening timestamp.
         if not self._prefix_in_prompt(params):
             return 3
-        return 1 if params.timestamp_begin is not None else 0
+        return 1 if params.timed else 0
 
     def decode_text(self, token_ids: list[int]) -> str:
         return self.tok.decode(token_ids)
