@@ -45,6 +45,11 @@ SEEK_MIN_PROGRESS_S = 1.0  # a continuation starts at least this far into the au
 SEEK_MIN_REST_S = 0.5  # and has at least this much audio to decode
 SEGMENT_END_SLACK_S = 0.5  # Whisper often times a segment's end a little before the speech ends
 UNCOVERED_SPEECH_S = 0.4  # this much speech heard after the last segment: the decode missed some
+# Whisper's timestamps drift over a window, so a segment's end may come a second before its last
+# word does: speech already going on at that end (within SPEECH_ONGOING_S) that stops within
+# SEGMENT_TAIL_S of it is taken for the segment's own tail, not speech the decode missed.
+SPEECH_ONGOING_S = 0.1
+SEGMENT_TAIL_S = 1.5
 SEEK_LEAD_S = 0.4  # a continuation starts this far before the speech it is for
 # Cuts at a window's own pauses (_cuts): a pause this long, parts at least this long.
 PAUSE_CUT_MIN_SILENCE_S = 0.3
@@ -261,20 +266,24 @@ class WindowDecode:
 
     async def _uncovered_speech(self, chunk: AudioChunk, covered: float) -> float | None:
         """Where (seconds into ``chunk``) a continuation should start, when the VAD hears at
-        least UNCOVERED_SPEECH_S of speech after ``covered``; None otherwise."""
+        least UNCOVERED_SPEECH_S of speech after ``covered`` (and its slack) that is not the last
+        segment's own tail; None otherwise."""
         options = self.options
         if self.gate is None or not options.vad_filter:
             return None
         rate = chunk.sample_rate
-        offset = round((covered + SEGMENT_END_SLACK_S) * rate)
-        if chunk.samples.shape[0] - offset < UNCOVERED_SPEECH_S * rate:
+        start, slack = round(covered * rate), round(SEGMENT_END_SLACK_S * rate)
+        if chunk.samples.shape[0] - start - slack < UNCOVERED_SPEECH_S * rate:
             return None
         # The regions are unpadded: the speech itself is counted.
-        regions = await self.parts.gate_work(self.gate.speech_regions, chunk.samples[offset:], options.vad.min_silence_s,
+        regions = await self.parts.gate_work(self.gate.speech_regions, chunk.samples[start:], options.vad.min_silence_s,
                                              options.vad.threshold)
-        if sum(end - start for start, end in regions) < UNCOVERED_SPEECH_S * rate:
+        if regions and regions[0][0] <= SPEECH_ONGOING_S * rate and regions[0][1] <= SEGMENT_TAIL_S * rate:
+            regions = regions[1:]  # speech going on at the segment's end that soon stops: its own last words
+        after = [(max(s, slack), e) for s, e in regions if e > slack]
+        if sum(e - s for s, e in after) < UNCOVERED_SPEECH_S * rate:
             return None
-        return max(covered, (offset + regions[0][0]) / rate - SEEK_LEAD_S)
+        return max(covered, (start + after[0][0]) / rate - SEEK_LEAD_S)
 
 def _rejections(piece: ChunkOutcome) -> list[str]:
     """The fallback rule the piece's first decode failed, as a list of the window's redecodes."""

@@ -155,22 +155,28 @@ async def test_short_phrases_said_again_after_short_pauses_are_kept_every_time(r
 
 
 @pytest.mark.parametrize("voice, times, pauses, prompted", [("A", 6, "varied", False), ("D", 9, "equal", False),
-                                                            ("A", 6, "equal", True)],
-                         ids=["festival-6-varied", "espeak-9-equal", "festival-6-prompted"])
+                                                            ("D", 9, "varied", False), ("A", 6, "equal", True)],
+                         ids=["festival-6-varied", "espeak-9-equal", "espeak-9-varied", "festival-6-prompted"])
 async def test_a_sentence_said_again_and_again_is_kept_every_time(runtime, voice, times, pauses, prompted):
     """One sentence said N times by a synthetic voice (Festival's, espeak-ng's), with pauses
     short enough to stay inside a window, all equal or varied: the default decode (timestamps,
     beams, fallback) keeps it N times, at the N places it is said. With the sentence itself as
     the prompt, a decode writes two of the repeats once, in a segment at half the voice's pace:
-    the thin segment is cut at the pause under it and the halves decoded again."""
+    the thin segment is cut at the pause under it and the halves decoded again. Where Whisper
+    times a sentence's end a second early (espeak-9-varied), the speech still going on after it
+    is that sentence's tail, not a missed sentence: no segment writes its last word again."""
     audio, truth = hard_audio.sentence_repeats(voice, times, pauses)
     fields = {"prompt": hard_audio.SENTENCE} if prompted else {}
     options = build_options(fields, runtime.adapter, "transcribe", "json", default_beam_size=runtime.default_beam_size)
     result = await runtime.transcriber.transcribe(audio, options)
     assert normalize(result.text).count("the first") == times, result.text
-    starts = [s.start for s in result.segments if normalize(s.text).startswith("the first")]
-    said = [u.start for u in truth]
-    assert len(starts) == times and all(abs(a - b) < 1.0 for a, b in zip(starts, said)), (starts, said)
+    # Each segment is one of the repeats, nothing written twice at a seam, and lies mostly over
+    # the repeat it writes (Whisper's times may run a second early or late, not a sentence).
+    found = [(s.start, s.end) for s in result.segments if s.text.strip()]
+    assert all(normalize(s.text).startswith("the first") for s in result.segments if s.text.strip()), result.segments
+    said = [(u.start, u.end) for u in truth]
+    assert len(found) == times and all(min(e, te) - max(s, ts) > 0.5 * (e - s)
+                                       for (s, e), (ts, te) in zip(found, said)), (found, said)
     # No text in a segment shorter than a word, nor over silence.
     assert all(s.end - s.start >= 0.1 for s in result.segments if s.text.strip()), result.segments
     assert all(any(min(s.end, u.end) - max(s.start, u.start) > 0.1 for u in truth) for s in result.segments)
