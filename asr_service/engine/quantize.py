@@ -35,6 +35,7 @@ found them there (Float16TokenRows), so the weights are held in memory once.
 from __future__ import annotations
 
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -174,14 +175,25 @@ def float16_weights(model: Whisper, mapped_token_rows: torch.Tensor | None = Non
     checkpoint's own float16 rows mapped from the model file (model_loading), serves them with
     only the rows looked up read into memory, so the weights are held in memory once; without
     it, lookups read a float16 copy."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and holds_exactly_in_float16(child.weight):
-                setattr(parent, name, Fp16WeightLinear(child.weight, child.bias))
     decoder = model.decoder
     table = decoder.token_embedding.weight
-    if holds_exactly_in_float16(table):
-        decoder.output_projection = Fp16WeightLinear(table, None)
+    # (parent, attribute, weight, bias) of every layer to pack; the vocabulary projection, the
+    # largest by far, first, so that the others are packed beside it.
+    layers = [(decoder, "output_projection", table, None)]
+    layers += [(parent, name, child.weight, child.bias) for parent in list(model.modules())
+               for name, child in list(parent.named_children()) if isinstance(child, nn.Linear)]
+
+    def packed(layer) -> Fp16WeightLinear | None:
+        _, _, weight, bias = layer
+        return Fp16WeightLinear(weight, bias) if holds_exactly_in_float16(weight) else None
+
+    # fbgemm packs a layer on one core and lets go of the GIL meanwhile: the layers are packed
+    # side by side, one per torch thread.
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        for (parent, name, _, _), layer in zip(layers, list(pool.map(packed, layers))):
+            if layer is not None:
+                setattr(parent, name, layer)
+    if isinstance(decoder.output_projection, Fp16WeightLinear):
         vocab, width = table.shape
         if mapped_token_rows is None or mapped_token_rows.shape != (vocab, 2 * width):
             mapped_token_rows = table.detach().to(torch.float16).view(torch.uint8)
