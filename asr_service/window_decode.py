@@ -258,19 +258,21 @@ class WindowDecode:
         if parsed.continues_at is not None:
             resume, rule = parsed.continues_at, OPEN_TIMESTAMP
         else:
-            resume = await self._uncovered_speech(chunk, parsed.segments[-1].end if parsed.segments else 0.0)
+            resume = await self._uncovered_speech(chunk, parsed.segments[-1].end if parsed.segments else None)
             rule = SPEECH_AFTER_TEXT
         if resume is None or resume < SEEK_MIN_PROGRESS_S or chunk.duration - resume < SEEK_MIN_REST_S:
             return None, None
         return round(resume * chunk.sample_rate), rule
 
-    async def _uncovered_speech(self, chunk: AudioChunk, covered: float) -> float | None:
+    async def _uncovered_speech(self, chunk: AudioChunk, last_end: float | None) -> float | None:
         """Where (seconds into ``chunk``) a continuation should start, when the VAD hears at
-        least UNCOVERED_SPEECH_S of speech after ``covered`` (and its slack) that is not the last
-        segment's own tail; None otherwise."""
+        least UNCOVERED_SPEECH_S of speech after the last segment's end ``last_end`` and its
+        slack that is not that segment's own tail (in a chunk with no segment, None: after the
+        slack from its start); None otherwise."""
         options = self.options
         if self.gate is None or not options.vad_filter:
             return None
+        covered = last_end or 0.0
         rate = chunk.sample_rate
         start, slack = round(covered * rate), round(SEGMENT_END_SLACK_S * rate)
         if chunk.samples.shape[0] - start - slack < UNCOVERED_SPEECH_S * rate:
@@ -278,7 +280,8 @@ class WindowDecode:
         # The regions are unpadded: the speech itself is counted.
         regions = await self.parts.gate_work(self.gate.speech_regions, chunk.samples[start:], options.vad.min_silence_s,
                                              options.vad.threshold)
-        if regions and regions[0][0] <= SPEECH_ONGOING_S * rate and regions[0][1] <= SEGMENT_TAIL_S * rate:
+        if (last_end is not None and regions and regions[0][0] <= SPEECH_ONGOING_S * rate
+                and regions[0][1] <= SEGMENT_TAIL_S * rate):
             regions = regions[1:]  # speech going on at the segment's end that soon stops: its own last words
         after = [(max(s, slack), e) for s, e in regions if e > slack]
         if sum(e - s for s, e in after) < UNCOVERED_SPEECH_S * rate:
