@@ -5,10 +5,11 @@ the full language set and for a known language (text-only grammar). Grammar cach
 deterministic, so each variant compiles exactly once; a short decode on silence through each
 variant, drained to the end, pays the first-call costs (allocation, kernels, matcher setup)
 before the server says it is ready; so does one decode through the audio-sized encoder that
-realtime previews use, where the engine has it. With SGLang servers behind the service, each variant is
-sent once per server at the same time (least-outstanding balancing gives each server one), so
-every server compiles every grammar before real traffic; a server that is down is skipped
-(the warm decode ends "unavailable") and /health reports it.
+realtime previews use, where the engine has it. The embedded engine takes every warm decode
+at once, as one batch. With SGLang servers behind the service, each variant is sent once per
+server at the same time (least-outstanding balancing gives each server one), so every server
+compiles every grammar before real traffic; a server that is down is skipped (the warm decode
+ends "unavailable") and /health reports it.
 """
 
 from __future__ import annotations
@@ -46,23 +47,33 @@ def variant_params(adapter):
             yield f"{task}/{mode}/known-language", adapter.build_prompt(known, task, timestamps)
 
 
+async def _warm_decode(engine: Engine, silence: np.ndarray, params, since: float) -> float:
+    """Seconds from ``since`` until every copy of the decode is drained to its end."""
+    streams = [engine.submit(silence, params) for _ in range(engine.warm_copies)]
+    await asyncio.gather(*(stream.collect() for stream in streams))
+    return round(time.perf_counter() - since, 3)
+
+
 async def run_warmup(adapter: TranscriptionAdapter, engine: Engine) -> WarmupReport:
     report = WarmupReport()
     start = time.perf_counter()
     silence = np.zeros(int(WARM_AUDIO_SECONDS * adapter.config.sample_rate), dtype=np.float32)
-    copies = engine.warm_copies
-    for name, params in variant_params(adapter):  # building the params compiles the grammar
-        t = time.perf_counter()
-        streams = [engine.submit(silence, params) for _ in range(copies)]
-        await asyncio.gather(*(s.collect() for s in streams))  # drain every stream to its end
-        report.variants.append(name)
-        report.step_seconds[name] = round(time.perf_counter() - t, 3)
-        log.info("warmup %s: grammar ready, warm decode in %.2fs", name, report.step_seconds[name])
+    variants = list(variant_params(adapter))  # building the params compiles the grammars
+    warmed = variants.copy()
     if engine.audio_sized_encoder:  # realtime previews' encoder (the silent window it splices in)
-        t = time.perf_counter()
         params = replace(adapter.build_prompt(adapter.supported_languages[0]), audio_sized_encoder=True)
-        await engine.submit(silence, params).collect()
-        report.step_seconds["audio-sized encoder"] = round(time.perf_counter() - t, 3)
+        warmed.append(("audio-sized encoder", params))
+    # One engine takes every warm decode at once and steps them as one batch. Several servers
+    # take one variant at a time, its copies together: least-outstanding balancing then gives each
+    # server one copy of each, where variants sent together would leave that to its tie-breaking.
+    rounds = [warmed] if engine.warm_copies == 1 else [[variant] for variant in warmed]
+    for round_ in rounds:
+        since = time.perf_counter()
+        seconds = await asyncio.gather(*(_warm_decode(engine, silence, params, since) for _, params in round_))
+        for (name, _), taken in zip(round_, seconds):
+            report.step_seconds[name] = taken
+            log.info("warmup %s: warm decode in %.2fs", name, taken)
+    report.variants = [name for name, _ in variants]
     report.total_seconds = round(time.perf_counter() - start, 3)
     log.info("warmup done: %d variants in %.2fs", len(report.variants), report.total_seconds)
     return report
