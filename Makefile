@@ -10,24 +10,24 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# pip installs without compiling, and compileall then compiles the bytecode on every core (pip
-# does it on one, and it is most of an install's time). Like pip, compileall leaves a file that is
-# not this Python's syntax (torch ships one such test file) uncompiled, and says so in its status,
-# which is therefore not checked.
+# Python writes the bytecode of each module the first time a process imports it (into the venv,
+# and __pycache__ here), so later processes start without compiling. An environment that turns
+# this off (PYTHONDONTWRITEBYTECODE, as some containers do) would have every process compile all
+# it imports, seconds a server start; compiling the whole venv ahead instead (compileall)
+# compiles several times the modules anything here imports. pip's own compiling runs on one
+# core and is most of an install's time, so it is off too.
+export PYTHONDONTWRITEBYTECODE :=
 PIP_INSTALL := $(BIN)/pip install --quiet --no-compile
-COMPILE_VENV := $(BIN)/python -m compileall -q -j0 $(VENV)/lib >/dev/null || true
 
 # torch pinned: the CPU wheel (an unpinned torch pulls a multi-GB CUDA build). Serving needs the
 # project's own dependencies only; the tests add the dev extra (pytest, the OpenAI SDK, selenium,
 # hypothesis, transformers, ...) to the same venv.
 $(SERVE_STAMP): pyproject.toml | $(BIN)/python
 	$(PIP_INSTALL) torch==2.13.0 -e .
-	$(COMPILE_VENV)
 	touch $(SERVE_STAMP)
 
 $(STAMP): $(SERVE_STAMP)
 	$(PIP_INSTALL) -e '.[dev]'
-	$(COMPILE_VENV)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -95,7 +95,6 @@ transcribe: $(SERVE_STAMP)
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP)
 	$(PIP_INSTALL) -e '.[dev,bench]'
-	$(COMPILE_VENV)
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP) speech-tools

@@ -50,11 +50,9 @@ def install(root: Path, version: str) -> Path:
     if _stamped(target / ".installed", version):
         return target
     shutil.rmtree(target, ignore_errors=True)
-    # Compiled by compileall on every core rather than by pip on one (the Makefile's reason); a
-    # file that is not this Python's syntax stays uncompiled, as pip leaves it.
+    # Not compiled here: what runs from it compiles the modules it imports (the Makefile's reason).
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target",
                     str(target), *_packages(version)], check=True)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j0", str(target)], stdout=subprocess.DEVNULL)
     for standin in ("torchvision", "torchaudio"):
         shutil.copytree(STANDINS / standin, target / standin)
     (target / ".installed").write_text(_recipe(version))
