@@ -5,10 +5,11 @@ the full language set and for a known language (text-only grammar). Grammar cach
 deterministic, so each variant compiles exactly once; a short decode on silence through each
 variant, drained to the end, pays the first-call costs (allocation, kernels, matcher setup)
 before the server says it is ready; so does one decode through the audio-sized encoder that
-realtime previews use, where the engine has it. The embedded engine takes every warm decode
-at once, as one batch. With SGLang servers behind the service, each variant is sent once per
-server at the same time (least-outstanding balancing gives each server one), so every server
-compiles every grammar before real traffic; a server that is down is skipped (the warm decode
+realtime previews use, where the engine has it. Where one copy reaches everything that decodes
+(the embedded engine, or a single SGLang server), every warm decode goes at once, as one batch.
+With several SGLang servers behind the service, each variant is sent once per server at the
+same time (least-outstanding balancing gives each server one), so every server compiles every
+grammar before real traffic; a server that is down is skipped (the warm decode
 ends "unavailable") and /health reports it.
 """
 
@@ -63,9 +64,10 @@ async def run_warmup(adapter: TranscriptionAdapter, engine: Engine) -> WarmupRep
     if engine.audio_sized_encoder:  # realtime previews' encoder (the silent window it splices in)
         params = replace(adapter.build_prompt(adapter.supported_languages[0]), audio_sized_encoder=True)
         warmed.append(("audio-sized encoder", params))
-    # One engine takes every warm decode at once and steps them as one batch. Several servers
-    # take one variant at a time, its copies together: least-outstanding balancing then gives each
-    # server one copy of each, where variants sent together would leave that to its tie-breaking.
+    # One copy a variant (the embedded engine, or one server): every warm decode at once, stepped
+    # as one batch. Several servers take one variant at a time, its copies together:
+    # least-outstanding balancing then gives each server one copy of each, where variants sent
+    # together would leave that to its tie-breaking.
     rounds = [warmed] if engine.warm_copies == 1 else [[variant] for variant in warmed]
     for round_ in rounds:
         since = time.perf_counter()
